@@ -1,0 +1,347 @@
+//! The one place that owns AWS SDK clients and turns SDK errors into errors an
+//! operator can act on.
+//!
+//! Clients are built once per process from the standard chain (environment,
+//! profile, `--endpoint-url`, `--region`) and passed by reference; nothing else
+//! in rekey constructs one. Every SDK error leaves this module as an
+//! [`AwsError`] that names the table, endpoint or IAM action — never as the
+//! SDK's `Debug` dump.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_sdk_dynamodb::config::Credentials;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{AttributeValue, KeyType, ScalarAttributeType, StreamViewType};
+use aws_smithy_types::Blob;
+use aws_smithy_types::error::display::DisplayErrorContext;
+
+use crate::plan::{KeyAttr, KeySchema};
+use crate::value::{Item, ScalarType, Value};
+
+/// How to reach AWS: the aws CLI's own options.
+#[derive(Debug, Clone, Default)]
+pub struct AwsOptions {
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    pub profile: Option<String>,
+    /// Fixed credentials instead of the standard chain (DynamoDB Local in tests and the demo).
+    pub static_credentials: Option<(String, String)>,
+    /// Attempts the SDK makes per request before an error reaches rekey.
+    pub max_attempts: Option<u32>,
+}
+
+/// Where the endpoint came from, so "cannot connect" can say what to fix.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub url: String,
+    pub source: String,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (from {})", self.url, self.source)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AwsError {
+    #[error("cannot reach DynamoDB at {endpoint}: {detail}")]
+    Unreachable { endpoint: Endpoint, detail: String },
+    #[error("table `{table}` does not exist in region {region} at {endpoint}")]
+    TableNotFound { table: String, region: String, endpoint: Endpoint },
+    #[error("permission denied for {action} on `{resource}`: {detail} (the IAM policy needs dynamodb:{action})")]
+    AccessDenied { action: String, resource: String, detail: String },
+    #[error("{action} on `{resource}` was throttled ({code}): {detail}")]
+    Throttled { action: String, resource: String, code: String, detail: String },
+    #[error("{action} on `{resource}` failed ({code}): {detail}")]
+    Service { action: String, resource: String, code: String, detail: String },
+    #[error("{action} on `{resource}` failed: {detail}")]
+    Other { action: String, resource: String, detail: String },
+    #[error("table `{table}`: {detail}")]
+    Schema { table: String, detail: String },
+}
+
+impl AwsError {
+    pub fn is_throttle(&self) -> bool {
+        matches!(self, AwsError::Throttled { .. })
+    }
+}
+
+const THROTTLE_CODES: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "Throttling",
+    "TooManyRequestsException",
+];
+
+#[derive(Debug, Clone)]
+pub struct Clients {
+    pub dynamodb: aws_sdk_dynamodb::Client,
+    pub streams: aws_sdk_dynamodbstreams::Client,
+    pub endpoint: Endpoint,
+    pub region: String,
+}
+
+impl Clients {
+    pub async fn connect(opts: &AwsOptions) -> anyhow::Result<Clients> {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(url) = &opts.endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        if let Some(region) = &opts.region {
+            loader = loader.region(aws_config::Region::new(region.clone()));
+        }
+        if let Some(profile) = &opts.profile {
+            loader = loader.profile_name(profile);
+        }
+        if let Some((key, secret)) = &opts.static_credentials {
+            loader = loader.credentials_provider(Credentials::new(key, secret, None, None, "rekey-static"));
+        }
+        loader = loader.retry_config(RetryConfig::standard().with_max_attempts(opts.max_attempts.unwrap_or(8)));
+        let config = loader.load().await;
+        let region = config.region().map(|r| r.to_string()).ok_or_else(|| {
+            anyhow::anyhow!("no AWS region: pass --region, set AWS_REGION, or set a region in the profile")
+        })?;
+        let endpoint = resolve_endpoint(opts, &region);
+        Ok(Clients {
+            dynamodb: aws_sdk_dynamodb::Client::new(&config),
+            streams: aws_sdk_dynamodbstreams::Client::new(&config),
+            endpoint,
+            region,
+        })
+    }
+
+    /// Turn any SDK error into one that names what the operator must fix.
+    pub fn error<E, R>(&self, action: &str, resource: &str, err: SdkError<E, R>) -> AwsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: fmt::Debug + Send + Sync + 'static,
+    {
+        let detail_of = |e: &SdkError<E, R>| DisplayErrorContext(e).to_string();
+        match &err {
+            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
+                AwsError::Unreachable { endpoint: self.endpoint.clone(), detail: detail_of(&err) }
+            }
+            _ => {
+                let code = err.code().unwrap_or("").to_string();
+                let message = err.message().unwrap_or("").to_string();
+                let detail = if message.is_empty() { detail_of(&err) } else { message };
+                let (action, resource) = (action.to_string(), resource.to_string());
+                if code == "ResourceNotFoundException" {
+                    AwsError::TableNotFound { table: resource, region: self.region.clone(), endpoint: self.endpoint.clone() }
+                } else if code == "AccessDeniedException" || code == "UnrecognizedClientException" {
+                    AwsError::AccessDenied { action, resource, detail }
+                } else if THROTTLE_CODES.contains(&code.as_str()) {
+                    AwsError::Throttled { action, resource, code, detail }
+                } else if code.is_empty() {
+                    AwsError::Other { action, resource, detail }
+                } else {
+                    AwsError::Service { action, resource, code, detail }
+                }
+            }
+        }
+    }
+
+    pub async fn describe_table(&self, table: &str) -> Result<TableInfo, AwsError> {
+        let out = self
+            .dynamodb
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| self.error("DescribeTable", table, e))?;
+        let t = out.table.ok_or_else(|| AwsError::Schema { table: table.into(), detail: "DescribeTable returned no table".into() })?;
+        let types: HashMap<String, ScalarType> = t
+            .attribute_definitions()
+            .iter()
+            .filter_map(|d| {
+                let ty = match d.attribute_type() {
+                    ScalarAttributeType::S => ScalarType::S,
+                    ScalarAttributeType::N => ScalarType::N,
+                    ScalarAttributeType::B => ScalarType::B,
+                    _ => return None,
+                };
+                Some((d.attribute_name().to_string(), ty))
+            })
+            .collect();
+        let attr = |name: &str| -> Result<KeyAttr, AwsError> {
+            let ty = *types.get(name).ok_or_else(|| AwsError::Schema {
+                table: table.into(),
+                detail: format!("key attribute `{name}` has no attribute definition"),
+            })?;
+            Ok(KeyAttr { name: name.to_string(), ty })
+        };
+        let mut pk = None;
+        let mut sk = None;
+        for k in t.key_schema() {
+            match k.key_type() {
+                KeyType::Hash => pk = Some(attr(k.attribute_name())?),
+                KeyType::Range => sk = Some(attr(k.attribute_name())?),
+                _ => {}
+            }
+        }
+        let partition_key = pk.ok_or_else(|| AwsError::Schema { table: table.into(), detail: "no HASH key".into() })?;
+        let stream = t.stream_specification().filter(|s| s.stream_enabled()).map(|s| StreamInfo {
+            arn: t.latest_stream_arn().unwrap_or_default().to_string(),
+            view: s.stream_view_type().map(StreamViewType::as_str).unwrap_or("").to_string(),
+        });
+        Ok(TableInfo {
+            name: table.to_string(),
+            key: KeySchema { partition_key, sort_key: sk },
+            item_count: t.item_count().unwrap_or(0).max(0) as u64,
+            size_bytes: t.table_size_bytes().unwrap_or(0).max(0) as u64,
+            provisioned_read: t.provisioned_throughput().and_then(|p| p.read_capacity_units()).filter(|&r| r > 0),
+            provisioned_write: t.provisioned_throughput().and_then(|p| p.write_capacity_units()).filter(|&w| w > 0),
+            stream,
+        })
+    }
+}
+
+/// What rekey needs to know of a table.
+#[derive(Debug, Clone)]
+pub struct TableInfo {
+    pub name: String,
+    pub key: KeySchema,
+    pub item_count: u64,
+    pub size_bytes: u64,
+    pub provisioned_read: Option<i64>,
+    pub provisioned_write: Option<i64>,
+    pub stream: Option<StreamInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StreamInfo {
+    pub arn: String,
+    pub view: String,
+}
+
+impl TableInfo {
+    /// The plan's idea of the key must be the table's.
+    pub fn check_key(&self, declared: &KeySchema, role: &str) -> Result<(), AwsError> {
+        if &self.key != declared {
+            return Err(AwsError::Schema {
+                table: self.name.clone(),
+                detail: format!("the plan declares the {role} key as {declared}, but the table's key is {}", self.key),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn resolve_endpoint(opts: &AwsOptions, region: &str) -> Endpoint {
+    if let Some(url) = &opts.endpoint_url {
+        return Endpoint { url: url.clone(), source: "--endpoint-url".into() };
+    }
+    for var in ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"] {
+        if let Ok(url) = std::env::var(var) {
+            if !url.is_empty() {
+                return Endpoint { url, source: format!("the {var} environment variable") };
+            }
+        }
+    }
+    Endpoint { url: format!("https://dynamodb.{region}.amazonaws.com"), source: format!("the AWS default for region {region}") }
+}
+
+// ---- conversions between rekey's values and the SDK's ------------------------
+
+pub fn to_sdk(v: &Value) -> AttributeValue {
+    match v {
+        Value::S(s) => AttributeValue::S(s.clone()),
+        Value::N(n) => AttributeValue::N(n.clone()),
+        Value::B(b) => AttributeValue::B(Blob::new(b.clone())),
+        Value::Ss(v) => AttributeValue::Ss(v.clone()),
+        Value::Ns(v) => AttributeValue::Ns(v.clone()),
+        Value::Bs(v) => AttributeValue::Bs(v.iter().map(|b| Blob::new(b.clone())).collect()),
+        Value::M(m) => AttributeValue::M(to_sdk_item(m)),
+        Value::L(l) => AttributeValue::L(l.iter().map(to_sdk).collect()),
+        Value::Bool(b) => AttributeValue::Bool(*b),
+        Value::Null => AttributeValue::Null(true),
+    }
+}
+
+pub fn to_sdk_item(item: &Item) -> HashMap<String, AttributeValue> {
+    item.iter().map(|(k, v)| (k.clone(), to_sdk(v))).collect()
+}
+
+/// `None` for a type this SDK version does not know (never silently dropped:
+/// the caller rejects the item).
+pub fn from_sdk(v: AttributeValue) -> Option<Value> {
+    Some(match v {
+        AttributeValue::S(s) => Value::S(s),
+        AttributeValue::N(n) => Value::N(n),
+        AttributeValue::B(b) => Value::B(b.into_inner()),
+        AttributeValue::Ss(v) => Value::Ss(v),
+        AttributeValue::Ns(v) => Value::Ns(v),
+        AttributeValue::Bs(v) => Value::Bs(v.into_iter().map(Blob::into_inner).collect()),
+        AttributeValue::M(m) => Value::M(from_sdk_item(m)?),
+        AttributeValue::L(l) => Value::L(l.into_iter().map(from_sdk).collect::<Option<_>>()?),
+        AttributeValue::Bool(b) => Value::Bool(b),
+        AttributeValue::Null(_) => Value::Null,
+        _ => return None,
+    })
+}
+
+pub fn from_sdk_item(m: HashMap<String, AttributeValue>) -> Option<Item> {
+    m.into_iter().map(|(k, v)| from_sdk(v).map(|v| (k, v))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_through_the_sdk_types() {
+        let item: Item = serde_json::from_str(
+            r#"{"a":{"S":"x"},"b":{"N":"1.50"},"c":{"B":"AAEC"},"d":{"SS":["p"]},"e":{"NS":["1"]},
+                "f":{"BS":["AA=="]},"g":{"M":{"h":{"L":[{"BOOL":false},{"NULL":true}]}}}}"#,
+        )
+        .unwrap();
+        let back = from_sdk_item(to_sdk_item(&item)).unwrap();
+        assert_eq!(back, item);
+        let Value::N(n) = &back["b"] else { panic!() };
+        assert_eq!(n, "1.50");
+    }
+
+    #[test]
+    fn the_endpoint_says_where_it_came_from() {
+        let e = resolve_endpoint(
+            &AwsOptions { endpoint_url: Some("http://127.0.0.1:9".into()), ..Default::default() },
+            "eu-west-1",
+        );
+        assert_eq!(e.to_string(), "http://127.0.0.1:9 (from --endpoint-url)");
+    }
+}
+
+/// Table creation, for the demo and the test environment (on-demand billing;
+/// a stream with both images when asked, as the tail needs).
+impl Clients {
+    pub async fn create_table(&self, table: &str, key: &KeySchema, stream: bool) -> Result<(), AwsError> {
+        use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, StreamSpecification};
+        let sdk_type = |t: ScalarType| match t {
+            ScalarType::S => ScalarAttributeType::S,
+            ScalarType::N => ScalarAttributeType::N,
+            ScalarType::B => ScalarAttributeType::B,
+        };
+        let mut req = self.dynamodb.create_table().table_name(table).billing_mode(BillingMode::PayPerRequest);
+        for (attr, kt) in std::iter::once((&key.partition_key, KeyType::Hash)).chain(key.sort_key.iter().map(|s| (s, KeyType::Range))) {
+            let def = AttributeDefinition::builder().attribute_name(&attr.name).attribute_type(sdk_type(attr.ty)).build();
+            let elem = KeySchemaElement::builder().attribute_name(&attr.name).key_type(kt).build();
+            let (Ok(def), Ok(elem)) = (def, elem) else {
+                return Err(AwsError::Schema { table: table.into(), detail: "invalid key schema".into() });
+            };
+            req = req.attribute_definitions(def).key_schema(elem);
+        }
+        if stream {
+            let spec = StreamSpecification::builder().stream_enabled(true).stream_view_type(StreamViewType::NewAndOldImages).build();
+            if let Ok(spec) = spec {
+                req = req.stream_specification(spec);
+            }
+        }
+        req.send().await.map_err(|e| self.error("CreateTable", table, e))?;
+        Ok(())
+    }
+}

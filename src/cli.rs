@@ -1,0 +1,175 @@
+//! Command-line arguments (clap) and the mapping from errors to exit codes.
+//!
+//! Arguments are low-level; each command turns them into the options struct
+//! of the module that does the work, so no module sees clap.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::aws::{AwsError, AwsOptions};
+use crate::plan::PlanErrors;
+
+/// Exit codes, documented in the README.
+pub mod exit {
+    pub const OK: i32 = 0;
+    /// Anything not listed below.
+    pub const FAILURE: i32 = 1;
+    /// Bad input: a malformed plan, sample file or argument.
+    pub const BAD_INPUT: i32 = 2;
+    /// An AWS call failed: unreachable endpoint, missing table, missing permission.
+    pub const AWS: i32 = 5;
+}
+
+/// Bad input other than the plan: a sample file, an argument combination.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InputError(pub String);
+
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    for cause in err.chain() {
+        if cause.is::<PlanErrors>() || cause.is::<InputError>() {
+            return exit::BAD_INPUT;
+        }
+        if cause.is::<AwsError>() {
+            return exit::AWS;
+        }
+    }
+    exit::FAILURE
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "rekey", version, about = "Re-key live DynamoDB tables online", max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub aws: AwsArgs,
+    /// No progress output on stderr.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct AwsArgs {
+    /// DynamoDB endpoint (otherwise AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, or AWS's).
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// AWS region (otherwise AWS_REGION or the profile's).
+    #[arg(long, global = true)]
+    pub region: Option<String>,
+    /// Named profile from the shared AWS config files.
+    #[arg(long, global = true)]
+    pub profile: Option<String>,
+}
+
+impl AwsArgs {
+    pub fn options(&self) -> AwsOptions {
+        AwsOptions {
+            endpoint_url: self.endpoint_url.clone(),
+            region: self.region.clone(),
+            profile: self.profile.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a plan; with --sample, show each sample item before and after.
+    Check(CheckArgs),
+    /// Dry run on the source table: unmatched items, collisions, old vs new key distribution.
+    Analyze(AnalyzeArgs),
+    /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    pub plan: PathBuf,
+    /// DynamoDB JSON items, one per line (export form), or `aws dynamodb scan` output.
+    #[arg(long, value_name = "FILE")]
+    pub sample: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub report: ReportArgs,
+    /// Write every rejected item, with its reason, to this file (JSON lines).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Parallel Scan segments (default: from the table's size, at least 4).
+    #[arg(long)]
+    pub segments: Option<u32>,
+    /// Read budget in RCU per second (default: unlimited).
+    #[arg(long, value_name = "RCU")]
+    pub read_rate: Option<f64>,
+    /// Items per Scan page (default: DynamoDB's 1 MB pages).
+    #[arg(long, value_name = "N")]
+    pub page_size: Option<i32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Backfill write rate, WCU per second, for the load estimate.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Application write rate, items per second, spread as the items are.
+    #[arg(long, value_name = "ITEMS")]
+    pub app_write_rate: Option<f64>,
+    /// How many hottest keys to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Directory for spill files (default: the system temp dir).
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Memory per spill aggregate before spilling, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub spill_memory: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Items in the demo table.
+    #[arg(long, default_value_t = 20_000)]
+    pub items: u64,
+    /// Directory holding DynamoDBLocal.jar (default: found under .tools/, see scripts/install-deps).
+    #[arg(long, value_name = "DIR")]
+    pub dynamodb_local: Option<PathBuf>,
+    #[command(flatten)]
+    pub report: ReportArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exit_codes_follow_the_error_type() {
+        let plan = anyhow::Error::new(PlanErrors(vec![])).context("loading");
+        assert_eq!(exit_code(&plan), exit::BAD_INPUT);
+        let other = anyhow::anyhow!("boom");
+        assert_eq!(exit_code(&other), exit::FAILURE);
+    }
+}

@@ -1,0 +1,81 @@
+//! Dispatch: each command turns its arguments into options, runs, and prints
+//! its result — as text, or as JSON with `--json`.
+
+use crate::analyze::{self, AnalyzeOptions, ScanSettings};
+use crate::aws::Clients;
+use crate::cli::{Cli, Command, ReportArgs, exit};
+use crate::plan::Plan;
+use crate::progress::{Progress, ProgressMode};
+use crate::rejects::RejectsFile;
+use crate::{check, demo};
+
+fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
+    AnalyzeOptions {
+        top: r.top,
+        backfill_write_rate: r.write_rate,
+        app_write_rate: r.app_write_rate,
+        spill_memory_bytes: r.spill_memory.max(1) * 1024 * 1024,
+        spill_dir: r.spill_dir.clone(),
+        ..AnalyzeOptions::default()
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Run one command; the result is the process exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let quiet = cli.quiet;
+    let mode = |json: bool| if quiet || json { ProgressMode::Quiet } else { ProgressMode::Auto };
+    match cli.command {
+        Command::Check(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let report = check::run(&plan, a.sample.as_deref())?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                print!("{}", check::render(&plan, &report));
+            }
+            // Sample lines that are not items are bad input; rejects are the plan working.
+            Ok(if report.unreadable > 0 { exit::BAD_INPUT } else { exit::OK })
+        }
+        Command::Analyze(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let rejects = a.rejects.as_deref().map(RejectsFile::open).transpose()?;
+            let progress = Progress::new(mode(a.json));
+            let settings =
+                ScanSettings { segments: a.scan.segments, read_rate: a.scan.read_rate, page_limit: a.scan.page_size };
+            let report = analyze::run(&clients, &plan, &settings, analyze_options(&a.report), rejects, &progress).await?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                print!("{}", analyze::render::render(&report));
+            }
+            Ok(exit::OK)
+        }
+        Command::Demo(a) => {
+            let progress = Progress::new(mode(a.json));
+            let opts = demo::DemoOptions {
+                items: a.items,
+                dynamodb_local: a.dynamodb_local,
+                endpoint_url: cli.aws.endpoint_url.clone(),
+                analyze: analyze_options(&a.report),
+            };
+            let run = demo::run(&opts, &progress).await?;
+            if a.json {
+                print_json(&run.report)?;
+            } else {
+                println!("Plan ({}):\n", run.plan.path.display());
+                for line in demo::DEMO_PLAN.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+                    println!("    {line}");
+                }
+                println!();
+                print!("{}", analyze::render::render(&run.report));
+            }
+            Ok(exit::OK)
+        }
+    }
+}

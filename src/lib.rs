@@ -1,0 +1,51 @@
+//! rekey re-keys live DynamoDB tables online: it copies every item into a new
+//! key design while the application keeps writing.
+//!
+//! # Module map
+//!
+//! The pure core — no I/O, no clock, tested as plain functions:
+//! * [`value`] — the item model: every DynamoDB type, numbers as decimal text,
+//!   DynamoDB JSON, item size by DynamoDB's rules.
+//! * [`hash`], [`bucket`] — the documented functions plans use: `shard()`
+//!   hashes applications can reproduce, and time buckets.
+//! * [`template`] — key shapes (`TENANT#{tenant}`) and templates
+//!   (`…#SHARD#{shard(id,16):02}`): parse, match, render.
+//! * [`plan`] — plan files: raw TOML → validated [`plan::Plan`], errors at
+//!   `file:line:col`.
+//! * [`transform`] — one source item → the target item, a reject, or a skip.
+//!
+//! Around it:
+//! * [`aws`] — owns the AWS SDK clients and turns SDK errors into errors that
+//!   name the table, endpoint or IAM action.
+//! * [`scan`] — parallel segmented Scan, page by page, under a [`rate`] budget.
+//! * [`write`] — BatchWriteItem with UnprocessedItems retried.
+//! * [`spill`] — external sort-aggregate: exact counts over more keys than fit
+//!   in memory.
+//! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
+//! * [`check`] — plan validation and sample items before/after.
+//! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
+//! * [`progress`] — owns terminal progress output.
+//! * [`local`] — starts AWS's DynamoDB Local for tests and the demo.
+//! * [`demo`] — the skewed demo table and its analysis.
+//! * [`cli`], [`commands`] — arguments, dispatch, exit codes.
+
+pub mod analyze;
+pub mod aws;
+pub mod bucket;
+pub mod check;
+pub mod cli;
+pub mod commands;
+pub mod demo;
+pub mod hash;
+pub mod itemfile;
+pub mod local;
+pub mod plan;
+pub mod progress;
+pub mod rate;
+pub mod rejects;
+pub mod scan;
+pub mod spill;
+pub mod template;
+pub mod transform;
+pub mod value;
+pub mod write;

