@@ -51,15 +51,39 @@ pub enum AwsError {
     #[error("cannot reach DynamoDB at {endpoint}: {detail}")]
     Unreachable { endpoint: Endpoint, detail: String },
     #[error("table `{table}` does not exist in region {region} at {endpoint}")]
-    TableNotFound { table: String, region: String, endpoint: Endpoint },
-    #[error("permission denied for {action} on `{resource}`: {detail} (the IAM policy needs dynamodb:{action})")]
-    AccessDenied { action: String, resource: String, detail: String },
+    TableNotFound {
+        table: String,
+        region: String,
+        endpoint: Endpoint,
+    },
+    #[error(
+        "permission denied for {action} on `{resource}`: {detail} (the IAM policy needs dynamodb:{action})"
+    )]
+    AccessDenied {
+        action: String,
+        resource: String,
+        detail: String,
+    },
     #[error("{action} on `{resource}` was throttled ({code}): {detail}")]
-    Throttled { action: String, resource: String, code: String, detail: String },
+    Throttled {
+        action: String,
+        resource: String,
+        code: String,
+        detail: String,
+    },
     #[error("{action} on `{resource}` failed ({code}): {detail}")]
-    Service { action: String, resource: String, code: String, detail: String },
+    Service {
+        action: String,
+        resource: String,
+        code: String,
+        detail: String,
+    },
     #[error("{action} on `{resource}` failed: {detail}")]
-    Other { action: String, resource: String, detail: String },
+    Other {
+        action: String,
+        resource: String,
+        detail: String,
+    },
     #[error("table `{table}`: {detail}")]
     Schema { table: String, detail: String },
 }
@@ -99,12 +123,23 @@ impl Clients {
             loader = loader.profile_name(profile);
         }
         if let Some((key, secret)) = &opts.static_credentials {
-            loader = loader.credentials_provider(Credentials::new(key, secret, None, None, "rekey-static"));
+            loader = loader.credentials_provider(Credentials::new(
+                key,
+                secret,
+                None,
+                None,
+                "rekey-static",
+            ));
         }
-        loader = loader.retry_config(RetryConfig::standard().with_max_attempts(opts.max_attempts.unwrap_or(8)));
+        // Otherwise the standard chain decides (AWS_MAX_ATTEMPTS, the profile, or 3).
+        if let Some(n) = opts.max_attempts {
+            loader = loader.retry_config(RetryConfig::standard().with_max_attempts(n));
+        }
         let config = loader.load().await;
         let region = config.region().map(|r| r.to_string()).ok_or_else(|| {
-            anyhow::anyhow!("no AWS region: pass --region, set AWS_REGION, or set a region in the profile")
+            anyhow::anyhow!(
+                "no AWS region: pass --region, set AWS_REGION, or set a region in the profile"
+            )
         })?;
         let endpoint = resolve_endpoint(opts, &region);
         Ok(Clients {
@@ -123,24 +158,51 @@ impl Clients {
     {
         let detail_of = |e: &SdkError<E, R>| DisplayErrorContext(e).to_string();
         match &err {
-            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => {
-                AwsError::Unreachable { endpoint: self.endpoint.clone(), detail: detail_of(&err) }
-            }
+            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => AwsError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                detail: detail_of(&err),
+            },
             _ => {
                 let code = err.code().unwrap_or("").to_string();
                 let message = err.message().unwrap_or("").to_string();
-                let detail = if message.is_empty() { detail_of(&err) } else { message };
+                let detail = if message.is_empty() {
+                    detail_of(&err)
+                } else {
+                    message
+                };
                 let (action, resource) = (action.to_string(), resource.to_string());
                 if code == "ResourceNotFoundException" {
-                    AwsError::TableNotFound { table: resource, region: self.region.clone(), endpoint: self.endpoint.clone() }
+                    AwsError::TableNotFound {
+                        table: resource,
+                        region: self.region.clone(),
+                        endpoint: self.endpoint.clone(),
+                    }
                 } else if code == "AccessDeniedException" || code == "UnrecognizedClientException" {
-                    AwsError::AccessDenied { action, resource, detail }
+                    AwsError::AccessDenied {
+                        action,
+                        resource,
+                        detail,
+                    }
                 } else if THROTTLE_CODES.contains(&code.as_str()) {
-                    AwsError::Throttled { action, resource, code, detail }
+                    AwsError::Throttled {
+                        action,
+                        resource,
+                        code,
+                        detail,
+                    }
                 } else if code.is_empty() {
-                    AwsError::Other { action, resource, detail }
+                    AwsError::Other {
+                        action,
+                        resource,
+                        detail,
+                    }
                 } else {
-                    AwsError::Service { action, resource, code, detail }
+                    AwsError::Service {
+                        action,
+                        resource,
+                        code,
+                        detail,
+                    }
                 }
             }
         }
@@ -154,7 +216,10 @@ impl Clients {
             .send()
             .await
             .map_err(|e| self.error("DescribeTable", table, e))?;
-        let t = out.table.ok_or_else(|| AwsError::Schema { table: table.into(), detail: "DescribeTable returned no table".into() })?;
+        let t = out.table.ok_or_else(|| AwsError::Schema {
+            table: table.into(),
+            detail: "DescribeTable returned no table".into(),
+        })?;
         let types: HashMap<String, ScalarType> = t
             .attribute_definitions()
             .iter()
@@ -173,7 +238,10 @@ impl Clients {
                 table: table.into(),
                 detail: format!("key attribute `{name}` has no attribute definition"),
             })?;
-            Ok(KeyAttr { name: name.to_string(), ty })
+            Ok(KeyAttr {
+                name: name.to_string(),
+                ty,
+            })
         };
         let mut pk = None;
         let mut sk = None;
@@ -184,18 +252,37 @@ impl Clients {
                 _ => {}
             }
         }
-        let partition_key = pk.ok_or_else(|| AwsError::Schema { table: table.into(), detail: "no HASH key".into() })?;
-        let stream = t.stream_specification().filter(|s| s.stream_enabled()).map(|s| StreamInfo {
-            arn: t.latest_stream_arn().unwrap_or_default().to_string(),
-            view: s.stream_view_type().map(StreamViewType::as_str).unwrap_or("").to_string(),
-        });
+        let partition_key = pk.ok_or_else(|| AwsError::Schema {
+            table: table.into(),
+            detail: "no HASH key".into(),
+        })?;
+        let stream = t
+            .stream_specification()
+            .filter(|s| s.stream_enabled())
+            .map(|s| StreamInfo {
+                arn: t.latest_stream_arn().unwrap_or_default().to_string(),
+                view: s
+                    .stream_view_type()
+                    .map(StreamViewType::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            });
         Ok(TableInfo {
             name: table.to_string(),
-            key: KeySchema { partition_key, sort_key: sk },
+            key: KeySchema {
+                partition_key,
+                sort_key: sk,
+            },
             item_count: t.item_count().unwrap_or(0).max(0) as u64,
             size_bytes: t.table_size_bytes().unwrap_or(0).max(0) as u64,
-            provisioned_read: t.provisioned_throughput().and_then(|p| p.read_capacity_units()).filter(|&r| r > 0),
-            provisioned_write: t.provisioned_throughput().and_then(|p| p.write_capacity_units()).filter(|&w| w > 0),
+            provisioned_read: t
+                .provisioned_throughput()
+                .and_then(|p| p.read_capacity_units())
+                .filter(|&r| r > 0),
+            provisioned_write: t
+                .provisioned_throughput()
+                .and_then(|p| p.write_capacity_units())
+                .filter(|&w| w > 0),
             stream,
         })
     }
@@ -225,7 +312,10 @@ impl TableInfo {
         if &self.key != declared {
             return Err(AwsError::Schema {
                 table: self.name.clone(),
-                detail: format!("the plan declares the {role} key as {declared}, but the table's key is {}", self.key),
+                detail: format!(
+                    "the plan declares the {role} key as {declared}, but the table's key is {}",
+                    self.key
+                ),
             });
         }
         Ok(())
@@ -234,16 +324,25 @@ impl TableInfo {
 
 fn resolve_endpoint(opts: &AwsOptions, region: &str) -> Endpoint {
     if let Some(url) = &opts.endpoint_url {
-        return Endpoint { url: url.clone(), source: "--endpoint-url".into() };
+        return Endpoint {
+            url: url.clone(),
+            source: "--endpoint-url".into(),
+        };
     }
     for var in ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"] {
-        if let Ok(url) = std::env::var(var) {
-            if !url.is_empty() {
-                return Endpoint { url, source: format!("the {var} environment variable") };
-            }
+        if let Ok(url) = std::env::var(var)
+            && !url.is_empty()
+        {
+            return Endpoint {
+                url,
+                source: format!("the {var} environment variable"),
+            };
         }
     }
-    Endpoint { url: format!("https://dynamodb.{region}.amazonaws.com"), source: format!("the AWS default for region {region}") }
+    Endpoint {
+        url: format!("https://dynamodb.{region}.amazonaws.com"),
+        source: format!("the AWS default for region {region}"),
+    }
 }
 
 // ---- conversions between rekey's values and the SDK's ------------------------
@@ -286,7 +385,66 @@ pub fn from_sdk(v: AttributeValue) -> Option<Value> {
 }
 
 pub fn from_sdk_item(m: HashMap<String, AttributeValue>) -> Option<Item> {
-    m.into_iter().map(|(k, v)| from_sdk(v).map(|v| (k, v))).collect()
+    m.into_iter()
+        .map(|(k, v)| from_sdk(v).map(|v| (k, v)))
+        .collect()
+}
+
+/// Table creation, for the demo and the test environment (on-demand billing;
+/// a stream with both images when asked, as the tail needs).
+impl Clients {
+    pub async fn create_table(
+        &self,
+        table: &str,
+        key: &KeySchema,
+        stream: bool,
+    ) -> Result<(), AwsError> {
+        use aws_sdk_dynamodb::types::{
+            AttributeDefinition, BillingMode, KeySchemaElement, StreamSpecification,
+        };
+        let sdk_type = |t: ScalarType| match t {
+            ScalarType::S => ScalarAttributeType::S,
+            ScalarType::N => ScalarAttributeType::N,
+            ScalarType::B => ScalarAttributeType::B,
+        };
+        let mut req = self
+            .dynamodb
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest);
+        for (attr, kt) in std::iter::once((&key.partition_key, KeyType::Hash))
+            .chain(key.sort_key.iter().map(|s| (s, KeyType::Range)))
+        {
+            let def = AttributeDefinition::builder()
+                .attribute_name(&attr.name)
+                .attribute_type(sdk_type(attr.ty))
+                .build();
+            let elem = KeySchemaElement::builder()
+                .attribute_name(&attr.name)
+                .key_type(kt)
+                .build();
+            let (Ok(def), Ok(elem)) = (def, elem) else {
+                return Err(AwsError::Schema {
+                    table: table.into(),
+                    detail: "invalid key schema".into(),
+                });
+            };
+            req = req.attribute_definitions(def).key_schema(elem);
+        }
+        if stream {
+            let spec = StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewAndOldImages)
+                .build();
+            if let Ok(spec) = spec {
+                req = req.stream_specification(spec);
+            }
+        }
+        req.send()
+            .await
+            .map_err(|e| self.error("CreateTable", table, e))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -309,39 +467,12 @@ mod tests {
     #[test]
     fn the_endpoint_says_where_it_came_from() {
         let e = resolve_endpoint(
-            &AwsOptions { endpoint_url: Some("http://127.0.0.1:9".into()), ..Default::default() },
+            &AwsOptions {
+                endpoint_url: Some("http://127.0.0.1:9".into()),
+                ..Default::default()
+            },
             "eu-west-1",
         );
         assert_eq!(e.to_string(), "http://127.0.0.1:9 (from --endpoint-url)");
-    }
-}
-
-/// Table creation, for the demo and the test environment (on-demand billing;
-/// a stream with both images when asked, as the tail needs).
-impl Clients {
-    pub async fn create_table(&self, table: &str, key: &KeySchema, stream: bool) -> Result<(), AwsError> {
-        use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, StreamSpecification};
-        let sdk_type = |t: ScalarType| match t {
-            ScalarType::S => ScalarAttributeType::S,
-            ScalarType::N => ScalarAttributeType::N,
-            ScalarType::B => ScalarAttributeType::B,
-        };
-        let mut req = self.dynamodb.create_table().table_name(table).billing_mode(BillingMode::PayPerRequest);
-        for (attr, kt) in std::iter::once((&key.partition_key, KeyType::Hash)).chain(key.sort_key.iter().map(|s| (s, KeyType::Range))) {
-            let def = AttributeDefinition::builder().attribute_name(&attr.name).attribute_type(sdk_type(attr.ty)).build();
-            let elem = KeySchemaElement::builder().attribute_name(&attr.name).key_type(kt).build();
-            let (Ok(def), Ok(elem)) = (def, elem) else {
-                return Err(AwsError::Schema { table: table.into(), detail: "invalid key schema".into() });
-            };
-            req = req.attribute_definitions(def).key_schema(elem);
-        }
-        if stream {
-            let spec = StreamSpecification::builder().stream_enabled(true).stream_view_type(StreamViewType::NewAndOldImages).build();
-            if let Ok(spec) = spec {
-                req = req.stream_specification(spec);
-            }
-        }
-        req.send().await.map_err(|e| self.error("CreateTable", table, e))?;
-        Ok(())
     }
 }

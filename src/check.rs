@@ -71,7 +71,10 @@ pub fn run(plan: &Plan, sample: Option<&Path>) -> anyhow::Result<CheckReport> {
                 SampleResult {
                     line: e.line,
                     outcome: "put",
-                    rule: Some(rule.map_or_else(|| "(unmatched, copied)".to_string(), |i| plan.rules[i].name.clone())),
+                    rule: Some(rule.map_or_else(
+                        || "(unmatched, copied)".to_string(),
+                        |i| plan.rules[i].name.clone(),
+                    )),
                     before: Some(item),
                     after: Some(after),
                     reason: None,
@@ -79,11 +82,25 @@ pub fn run(plan: &Plan, sample: Option<&Path>) -> anyhow::Result<CheckReport> {
             }
             Outcome::Reject(rej) => {
                 r.rejected += 1;
-                SampleResult { line: e.line, outcome: "reject", rule: rej.rule.clone(), before: Some(item), after: None, reason: Some(rej.to_string()) }
+                SampleResult {
+                    line: e.line,
+                    outcome: "reject",
+                    rule: rej.rule.clone(),
+                    before: Some(item),
+                    after: None,
+                    reason: Some(rej.to_string()),
+                }
             }
             Outcome::Skip => {
                 r.skipped += 1;
-                SampleResult { line: e.line, outcome: "skip", rule: None, before: Some(item), after: None, reason: Some("no rule matched (skipped)".into()) }
+                SampleResult {
+                    line: e.line,
+                    outcome: "skip",
+                    rule: None,
+                    before: Some(item),
+                    after: None,
+                    reason: Some("no rule matched (skipped)".into()),
+                }
             }
         };
         r.items.push(res);
@@ -95,20 +112,42 @@ pub fn render(plan: &Plan, r: &CheckReport) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let mode = match plan.mode {
-        Mode::Rekey => format!("re-key {} [{}] → {} [{}]", plan.source_table, plan.source_key, plan.target_table, plan.target_key),
+        Mode::Rekey => format!(
+            "re-key {} [{}] → {} [{}]",
+            plan.source_table, plan.source_key, plan.target_table, plan.target_key
+        ),
         Mode::InPlace => format!("in place on {} [{}]", plan.source_table, plan.source_key),
     };
-    let _ = writeln!(o, "{}: OK — {mode}, {} rules, fingerprint {}", r.plan, r.rules, r.fingerprint);
+    let _ = writeln!(
+        o,
+        "{}: OK — {mode}, {} rules, fingerprint {}",
+        r.plan, r.rules, r.fingerprint
+    );
     for s in &r.items {
-        let json = |i: &Option<Item>| i.as_ref().map(|i| serde_json::to_string(i).unwrap_or_default()).unwrap_or_default();
+        let json = |i: &Option<Item>| {
+            i.as_ref()
+                .map(|i| serde_json::to_string(i).unwrap_or_default())
+                .unwrap_or_default()
+        };
         match s.outcome {
             "put" => {
-                let _ = writeln!(o, "line {}: rule {}", s.line, s.rule.as_deref().unwrap_or(""));
+                let _ = writeln!(
+                    o,
+                    "line {}: rule {}",
+                    s.line,
+                    s.rule.as_deref().unwrap_or("")
+                );
                 let _ = writeln!(o, "  before: {}", json(&s.before));
                 let _ = writeln!(o, "  after:  {}", json(&s.after));
             }
             _ => {
-                let _ = writeln!(o, "line {}: {} — {}", s.line, s.outcome.to_uppercase(), s.reason.as_deref().unwrap_or(""));
+                let _ = writeln!(
+                    o,
+                    "line {}: {} — {}",
+                    s.line,
+                    s.outcome.to_uppercase(),
+                    s.reason.as_deref().unwrap_or("")
+                );
                 if s.before.is_some() {
                     let _ = writeln!(o, "  before: {}", json(&s.before));
                 }
@@ -116,7 +155,15 @@ pub fn render(plan: &Plan, r: &CheckReport) -> String {
         }
     }
     if !r.items.is_empty() {
-        let _ = writeln!(o, "{} items: {} put, {} rejected, {} skipped, {} unreadable", r.items.len(), r.put, r.rejected, r.skipped, r.unreadable);
+        let _ = writeln!(
+            o,
+            "{} items: {} put, {} rejected, {} skipped, {} unreadable",
+            r.items.len(),
+            r.put,
+            r.rejected,
+            r.skipped,
+            r.unreadable
+        );
     }
     o
 }

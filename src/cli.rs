@@ -39,7 +39,12 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "rekey", version, about = "Re-key live DynamoDB tables online", max_term_width = 100)]
+#[command(
+    name = "rekey",
+    version,
+    about = "Re-key live DynamoDB tables online",
+    max_term_width = 100
+)]
 pub struct Cli {
     #[command(flatten)]
     pub aws: AwsArgs,

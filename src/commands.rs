@@ -28,7 +28,13 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
 /// Run one command; the result is the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let quiet = cli.quiet;
-    let mode = |json: bool| if quiet || json { ProgressMode::Quiet } else { ProgressMode::Auto };
+    let mode = |json: bool| {
+        if quiet || json {
+            ProgressMode::Quiet
+        } else {
+            ProgressMode::Auto
+        }
+    };
     match cli.command {
         Command::Check(a) => {
             let plan = Plan::load(&a.plan)?;
@@ -39,16 +45,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 print!("{}", check::render(&plan, &report));
             }
             // Sample lines that are not items are bad input; rejects are the plan working.
-            Ok(if report.unreadable > 0 { exit::BAD_INPUT } else { exit::OK })
+            Ok(if report.unreadable > 0 {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            })
         }
         Command::Analyze(a) => {
             let plan = Plan::load(&a.plan)?;
             let clients = Clients::connect(&cli.aws.options()).await?;
             let rejects = a.rejects.as_deref().map(RejectsFile::open).transpose()?;
             let progress = Progress::new(mode(a.json));
-            let settings =
-                ScanSettings { segments: a.scan.segments, read_rate: a.scan.read_rate, page_limit: a.scan.page_size };
-            let report = analyze::run(&clients, &plan, &settings, analyze_options(&a.report), rejects, &progress).await?;
+            let settings = ScanSettings {
+                segments: a.scan.segments,
+                read_rate: a.scan.read_rate,
+                page_limit: a.scan.page_size,
+            };
+            let report = analyze::run(
+                &clients,
+                &plan,
+                &settings,
+                analyze_options(&a.report),
+                rejects,
+                &progress,
+            )
+            .await?;
             if a.json {
                 print_json(&report)?;
             } else {
@@ -62,14 +83,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 items: a.items,
                 dynamodb_local: a.dynamodb_local,
                 endpoint_url: cli.aws.endpoint_url.clone(),
-                analyze: analyze_options(&a.report),
+                analyze: AnalyzeOptions {
+                    // The demo's point is the hot key under application load.
+                    app_write_rate: a.report.app_write_rate.or(Some(demo::DEMO_APP_WRITE_RATE)),
+                    ..analyze_options(&a.report)
+                },
             };
             let run = demo::run(&opts, &progress).await?;
             if a.json {
                 print_json(&run.report)?;
             } else {
                 println!("Plan ({}):\n", run.plan.path.display());
-                for line in demo::DEMO_PLAN.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+                for line in demo::DEMO_PLAN
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && !l.is_empty())
+                {
                     println!("    {line}");
                 }
                 println!();

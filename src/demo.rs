@@ -17,6 +17,9 @@ use crate::progress::Progress;
 use crate::value::{Item, Value};
 
 pub const DEMO_PLAN: &str = include_str!("../plans/tenant-day-shard.toml");
+/// Items/s the demo's application writes, for the load estimate: enough that
+/// the hot tenant-day key crosses 1,000 WCU/s in the old design.
+pub const DEMO_APP_WRITE_RATE: f64 = 3000.0;
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -37,10 +40,26 @@ struct Class {
 
 /// 100 tenants: 70 / 20 / 9 / 1, each class writing far more per tenant.
 const CLASSES: [Class; 4] = [
-    Class { name: "normal", tenants: 70, weight: 1 },
-    Class { name: "large", tenants: 20, weight: 5 },
-    Class { name: "enterprise", tenants: 9, weight: 25 },
-    Class { name: "pathological", tenants: 1, weight: 400 },
+    Class {
+        name: "normal",
+        tenants: 70,
+        weight: 1,
+    },
+    Class {
+        name: "large",
+        tenants: 20,
+        weight: 5,
+    },
+    Class {
+        name: "enterprise",
+        tenants: 9,
+        weight: 25,
+    },
+    Class {
+        name: "pathological",
+        tenants: 1,
+        weight: 400,
+    },
 ];
 
 /// Three days; most orders are today's, as in any live system.
@@ -93,9 +112,28 @@ pub fn generate(orders: u64) -> Vec<Item> {
         let day = DAYS[rng.pick(&day_weights)].0;
         let mut it = Item::new();
         it.insert("PK".into(), Value::S(format!("TENANT#{t}#DAY#{day}")));
-        it.insert("SK".into(), Value::S(format!("ORDER#{:08x}", n.wrapping_mul(2_654_435_761) % (1 << 32))));
-        it.insert("status".into(), Value::S(if rng.next() % 5 == 0 { "OPEN" } else { "SHIPPED" }.into()));
-        it.insert("total".into(), Value::N(format!("{}.{:02}", rng.next() % 500, rng.next() % 100)));
+        it.insert(
+            "SK".into(),
+            Value::S(format!(
+                "ORDER#{:08x}",
+                n.wrapping_mul(2_654_435_761) % (1 << 32)
+            )),
+        );
+        it.insert(
+            "status".into(),
+            Value::S(
+                if rng.next().is_multiple_of(5) {
+                    "OPEN"
+                } else {
+                    "SHIPPED"
+                }
+                .into(),
+            ),
+        );
+        it.insert(
+            "total".into(),
+            Value::N(format!("{}.{:02}", rng.next() % 500, rng.next() % 100)),
+        );
         it.insert("lines".into(), Value::N((1 + rng.next() % 9).to_string()));
         items.push(it);
     }
@@ -113,7 +151,11 @@ pub async fn run(opts: &DemoOptions, progress: &Progress) -> anyhow::Result<Demo
     let (local, endpoint) = match &opts.endpoint_url {
         Some(url) => (None, url.clone()),
         None => {
-            let l = DynamoDbLocal::start(&LocalOptions { install_dir: opts.dynamodb_local.clone(), port: None }).await?;
+            let l = DynamoDbLocal::start(&LocalOptions {
+                install_dir: opts.dynamodb_local.clone(),
+                port: None,
+            })
+            .await?;
             let e = l.endpoint().to_string();
             (Some(l), e)
         }
@@ -128,24 +170,36 @@ pub async fn run(opts: &DemoOptions, progress: &Progress) -> anyhow::Result<Demo
     let mut plan = Plan::parse(DEMO_PLAN, Path::new("plans/tenant-day-shard.toml"))?;
     // A fresh name, so the demo also runs against a DynamoDB that has tables.
     plan.source_table = format!("rekey-demo-orders-{}", std::process::id());
-    clients.create_table(&plan.source_table, &plan.source_key, false).await?;
+    clients
+        .create_table(&plan.source_table, &plan.source_key, false)
+        .await?;
     let items = generate(opts.items);
     progress.start("loading", Some(items.len() as u64));
+    let mut loaded = 0;
     for chunk in items.chunks(2_000) {
-        crate::write::put_all(&clients, &plan.source_table, chunk, 8).await?;
-        progress.update(0, 0.0);
+        let wcu = crate::write::put_all(&clients, &plan.source_table, chunk, 8).await?;
+        loaded += chunk.len() as u64;
+        progress.update(loaded, wcu);
     }
     progress.finish();
     let report = analyze::run(
         &clients,
         &plan,
-        &ScanSettings { segments: Some(4), read_rate: None, page_limit: None },
+        &ScanSettings {
+            segments: Some(4),
+            read_rate: None,
+            page_limit: None,
+        },
         opts.analyze.clone(),
         None,
         progress,
     )
     .await?;
-    Ok(DemoRun { plan, report, local })
+    Ok(DemoRun {
+        plan,
+        report,
+        local,
+    })
 }
 
 #[cfg(test)]

@@ -51,18 +51,34 @@ pub fn read_file(path: &Path) -> anyhow::Result<Vec<Entry>> {
     std::fs::File::open(path)
         .and_then(|f| BufReader::new(f).read_to_string(&mut text))
         .with_context(|| format!("cannot read {}", path.display()))?;
-    if text.trim_start().starts_with('{') && !text.trim().contains('\n') || looks_line_delimited(&text) {
+    if text.trim_start().starts_with('{') && !text.trim().contains('\n')
+        || looks_line_delimited(&text)
+    {
         return Ok(text
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| Entry { line: i + 1, item: parse_line(l) })
+            .map(|(i, l)| Entry {
+                line: i + 1,
+                item: parse_line(l),
+            })
             .collect());
     }
     let scan: ScanOutput = serde_json::from_str(&text).with_context(|| {
-        format!("{}: neither one DynamoDB JSON item per line nor `aws dynamodb scan` output", path.display())
+        format!(
+            "{}: neither one DynamoDB JSON item per line nor `aws dynamodb scan` output",
+            path.display()
+        )
     })?;
-    Ok(scan.items.into_iter().enumerate().map(|(i, item)| Entry { line: i + 1, item: Ok(item) }).collect())
+    Ok(scan
+        .items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| Entry {
+            line: i + 1,
+            item: Ok(item),
+        })
+        .collect())
 }
 
 /// Line-delimited when the first non-empty line is a whole JSON object.
@@ -74,11 +90,20 @@ fn looks_line_delimited(text: &str) -> bool {
 
 /// Stream items from any reader of line-delimited DynamoDB JSON.
 pub fn lines<R: Read>(r: R) -> impl Iterator<Item = Entry> {
-    BufReader::new(r).lines().enumerate().filter_map(|(i, l)| match l {
-        Ok(l) if l.trim().is_empty() => None,
-        Ok(l) => Some(Entry { line: i + 1, item: parse_line(&l) }),
-        Err(e) => Some(Entry { line: i + 1, item: Err(e.to_string()) }),
-    })
+    BufReader::new(r)
+        .lines()
+        .enumerate()
+        .filter_map(|(i, l)| match l {
+            Ok(l) if l.trim().is_empty() => None,
+            Ok(l) => Some(Entry {
+                line: i + 1,
+                item: parse_line(&l),
+            }),
+            Err(e) => Some(Entry {
+                line: i + 1,
+                item: Err(e.to_string()),
+            }),
+        })
 }
 
 #[cfg(test)]
@@ -90,12 +115,21 @@ mod tests {
     fn reads_bare_wrapped_and_scan_output() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.jsonl");
-        std::fs::write(&p, "{\"PK\":{\"S\":\"a\"}}\n\n{\"Item\":{\"PK\":{\"S\":\"b\"}}}\n{\"PK\":{\"Q\":\"c\"}}\n").unwrap();
+        std::fs::write(
+            &p,
+            "{\"PK\":{\"S\":\"a\"}}\n\n{\"Item\":{\"PK\":{\"S\":\"b\"}}}\n{\"PK\":{\"Q\":\"c\"}}\n",
+        )
+        .unwrap();
         let e = read_file(&p).unwrap();
         assert_eq!(e.len(), 3);
         assert!(e[0].item.is_ok() && e[1].item.is_ok());
         assert_eq!(e[2].line, 4);
-        assert!(e[2].item.as_ref().unwrap_err().contains("unknown DynamoDB type tag `Q`"));
+        assert!(
+            e[2].item
+                .as_ref()
+                .unwrap_err()
+                .contains("unknown DynamoDB type tag `Q`")
+        );
 
         let p = dir.path().join("scan.json");
         let mut f = std::fs::File::create(&p).unwrap();

@@ -423,9 +423,7 @@ async fn probe(port: u16) -> bool {
     };
     match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
         Ok(Ok(head)) => {
-            head.starts_with(b"HTTP/1.")
-                && head.len() >= 12
-                && matches!(head[9], b'1'..=b'4')
+            head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
         }
         _ => false,
     }
@@ -653,17 +651,17 @@ mod tests {
     use super::*;
 
     fn scratch_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "rekey-local-test-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("rekey-local-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
 
     fn fake_install(root: &Path, date: &str) -> PathBuf {
-        let dir = root.join(INSTALL_SUBDIR).join(format!("{DATE_DIR_PREFIX}{date}"));
+        let dir = root
+            .join(INSTALL_SUBDIR)
+            .join(format!("{DATE_DIR_PREFIX}{date}"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join(JAR), b"").unwrap();
         dir
@@ -704,7 +702,10 @@ mod tests {
         );
         let message = err.to_string();
         assert!(message.contains("scripts/install-deps"), "{message}");
-        assert!(message.contains(&base.join("y").display().to_string()), "{message}");
+        assert!(
+            message.contains(&base.join("y").display().to_string()),
+            "{message}"
+        );
         std::fs::remove_dir_all(&base).unwrap();
     }
 

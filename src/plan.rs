@@ -35,7 +35,9 @@ pub struct PlanError {
 impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.position {
-            Some((line, col)) => write!(f, "{}:{line}:{col}: {}", self.path.display(), self.message),
+            Some((line, col)) => {
+                write!(f, "{}:{line}:{col}: {}", self.path.display(), self.message)
+            }
             None => write!(f, "{}: {}", self.path.display(), self.message),
         }
     }
@@ -241,14 +243,22 @@ pub struct Plan {
 impl Plan {
     pub fn load(path: &Path) -> Result<Plan, PlanErrors> {
         let src = std::fs::read_to_string(path).map_err(|e| {
-            PlanErrors(vec![PlanError { path: path.to_path_buf(), position: None, message: format!("cannot read: {e}") }])
+            PlanErrors(vec![PlanError {
+                path: path.to_path_buf(),
+                position: None,
+                message: format!("cannot read: {e}"),
+            }])
         })?;
         Plan::parse(&src, path)
     }
 
     /// Pure: text in, plan or errors out.
     pub fn parse(src: &str, path: &Path) -> Result<Plan, PlanErrors> {
-        let mut cx = Cx { src, path, errors: Vec::new() };
+        let mut cx = Cx {
+            src,
+            path,
+            errors: Vec::new(),
+        };
         let raw: RawPlan = match toml::from_str(src) {
             Ok(r) => r,
             Err(e) => {
@@ -258,11 +268,11 @@ impl Plan {
             }
         };
         let plan = cx.validate(raw);
-        if cx.errors.is_empty() {
-            if let Some(mut plan) = plan {
-                plan.fingerprint = fingerprint(src);
-                return Ok(plan);
-            }
+        if cx.errors.is_empty()
+            && let Some(mut plan) = plan
+        {
+            plan.fingerprint = fingerprint(src);
+            return Ok(plan);
         }
         cx.errors.sort_by_key(|e| e.position);
         Err(PlanErrors(cx.errors))
@@ -276,14 +286,19 @@ impl Plan {
     /// Every attribute name the plan writes outside the target key: the
     /// attributes the in-place mode owns.
     pub fn set_attribute_names(&self) -> BTreeSet<&str> {
-        self.rules.iter().flat_map(|r| r.set.iter().map(|s| s.name.as_str())).collect()
+        self.rules
+            .iter()
+            .flat_map(|r| r.set.iter().map(|s| s.name.as_str()))
+            .collect()
     }
 }
 
 /// FNV-1a 64 of the plan re-serialised from its parsed form, so comments and
 /// whitespace don't change it.
 fn fingerprint(src: &str) -> String {
-    let canonical = toml::from_str::<toml::Value>(src).map(|v| v.to_string()).unwrap_or_else(|_| src.to_string());
+    let canonical = toml::from_str::<toml::Value>(src)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| src.to_string());
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in canonical.bytes() {
         h ^= u64::from(b);
@@ -301,7 +316,11 @@ struct Cx<'a> {
 impl Cx<'_> {
     fn error(&mut self, offset: usize, message: impl Into<String>) {
         let position = Some(line_col(self.src, offset));
-        self.errors.push(PlanError { path: self.path.to_path_buf(), position, message: message.into() });
+        self.errors.push(PlanError {
+            path: self.path.to_path_buf(),
+            position,
+            message: message.into(),
+        });
     }
 
     /// Offset in the file of byte `inner` of a string value whose span is `span`.
@@ -333,25 +352,44 @@ impl Cx<'_> {
             return None;
         }
         match ScalarType::from_name(ty) {
-            Some(ty) => Some(KeyAttr { name: name.to_string(), ty }),
+            Some(ty) => Some(KeyAttr {
+                name: name.to_string(),
+                ty,
+            }),
             None => {
-                self.error(s.span().start, format!("unknown key type `{ty}` in `{text}`: key attributes are S, N or B"));
+                self.error(
+                    s.span().start,
+                    format!("unknown key type `{ty}` in `{text}`: key attributes are S, N or B"),
+                );
                 None
             }
         }
     }
 
-    fn key_schema(&mut self, pk: &Spanned<String>, sk: &Option<Spanned<String>>) -> Option<KeySchema> {
+    fn key_schema(
+        &mut self,
+        pk: &Spanned<String>,
+        sk: &Option<Spanned<String>>,
+    ) -> Option<KeySchema> {
         let partition_key = self.key_attr(pk);
         let sort_key = sk.as_ref().map(|s| self.key_attr(s));
         match (partition_key, sort_key) {
-            (Some(partition_key), None) => Some(KeySchema { partition_key, sort_key: None }),
+            (Some(partition_key), None) => Some(KeySchema {
+                partition_key,
+                sort_key: None,
+            }),
             (Some(partition_key), Some(Some(sk))) => {
                 if sk.name == partition_key.name {
-                    self.error(pk.span().start, "partition key and sort key are the same attribute");
+                    self.error(
+                        pk.span().start,
+                        "partition key and sort key are the same attribute",
+                    );
                     return None;
                 }
-                Some(KeySchema { partition_key, sort_key: Some(sk) })
+                Some(KeySchema {
+                    partition_key,
+                    sort_key: Some(sk),
+                })
             }
             _ => None,
         }
@@ -365,16 +403,26 @@ impl Cx<'_> {
     }
 
     fn validate(&mut self, raw: RawPlan) -> Option<Plan> {
-        if let Some(v) = &raw.version {
-            if *v.get_ref() != 1 {
-                self.error(v.span().start, format!("unsupported plan version {} (this rekey reads version 1)", v.get_ref()));
-            }
+        if let Some(v) = &raw.version
+            && *v.get_ref() != 1
+        {
+            self.error(
+                v.span().start,
+                format!(
+                    "unsupported plan version {} (this rekey reads version 1)",
+                    v.get_ref()
+                ),
+            );
         }
         let source_table = self.nonempty(&raw.source.table, "source table");
         let target_table = self.nonempty(&raw.target.table, "target table");
         let source_key = self.key_schema(&raw.source.partition_key, &raw.source.sort_key);
         let target_key = self.key_schema(&raw.target.partition_key, &raw.target.sort_key);
-        let mode = if source_table == target_table { Mode::InPlace } else { Mode::Rekey };
+        let mode = if source_table == target_table {
+            Mode::InPlace
+        } else {
+            Mode::Rekey
+        };
 
         let mut indexes = Vec::new();
         for ix in &raw.target.indexes {
@@ -385,32 +433,55 @@ impl Cx<'_> {
         }
 
         let o = &raw.options;
-        let unmatched = match o.unmatched.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+        let unmatched = match o
+            .unmatched
+            .as_ref()
+            .map(|s| (s.get_ref().as_str(), s.span()))
+        {
             None | Some(("reject", _)) => Unmatched::Reject,
             Some(("copy", _)) => Unmatched::Copy,
             Some(("skip", _)) => Unmatched::Skip,
             Some((other, span)) => {
-                self.error(span.start, format!("unknown unmatched policy `{other}` (reject, copy or skip)"));
+                self.error(
+                    span.start,
+                    format!("unknown unmatched policy `{other}` (reject, copy or skip)"),
+                );
                 Unmatched::Reject
             }
         };
         let hash = match &o.hash {
             None => HashFn::default(),
             Some(h) => HashFn::from_name(h.get_ref()).unwrap_or_else(|| {
-                self.error(h.span().start, format!("unknown hash `{}` (known: fnv1a32, murmur3_32, java31)", h.get_ref()));
+                self.error(
+                    h.span().start,
+                    format!(
+                        "unknown hash `{}` (known: fnv1a32, murmur3_32, java31)",
+                        h.get_ref()
+                    ),
+                );
                 HashFn::default()
             }),
         };
-        let ttl_deletes = match o.ttl_deletes.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+        let ttl_deletes = match o
+            .ttl_deletes
+            .as_ref()
+            .map(|s| (s.get_ref().as_str(), s.span()))
+        {
             None | Some(("replicate", _)) => TtlDeletes::Replicate,
             Some(("ignore", _)) => TtlDeletes::Ignore,
             Some((other, span)) => {
-                self.error(span.start, format!("unknown ttl_deletes policy `{other}` (replicate or ignore)"));
+                self.error(
+                    span.start,
+                    format!("unknown ttl_deletes policy `{other}` (replicate or ignore)"),
+                );
                 TtlDeletes::Replicate
             }
         };
         let drop: Vec<String> = o.drop.iter().map(|d| d.get_ref().clone()).collect();
-        let source_key_prefix = o.source_key_prefix.as_ref().map(|p| self.nonempty(p, "source_key_prefix"));
+        let source_key_prefix = o
+            .source_key_prefix
+            .as_ref()
+            .map(|p| self.nonempty(p, "source_key_prefix"));
 
         let (Some(source_key), Some(target_key)) = (source_key, target_key) else {
             return None;
@@ -428,7 +499,10 @@ impl Cx<'_> {
                 self.error(at, "`unmatched = \"copy\"` has no meaning in place: unmatched items stay as they are (use skip or reject)");
             }
             if let Some(p) = &o.source_key_prefix {
-                self.error(p.span().start, "source_key_prefix has no meaning in place: the key does not change");
+                self.error(
+                    p.span().start,
+                    "source_key_prefix has no meaning in place: the key does not change",
+                );
             }
             for d in &o.drop {
                 self.error(d.span().start, "in place, rekey only sets or removes the attributes its rules compute: `drop` is for re-keying into a new table");
@@ -436,7 +510,13 @@ impl Cx<'_> {
         }
         for d in &o.drop {
             if target_key.names().contains(&d.get_ref().as_str()) {
-                self.error(d.span().start, format!("`{}` is a target key attribute and cannot be dropped", d.get_ref()));
+                self.error(
+                    d.span().start,
+                    format!(
+                        "`{}` is a target key attribute and cannot be dropped",
+                        d.get_ref()
+                    ),
+                );
             }
         }
         if unmatched == Unmatched::Copy && source_key != target_key {
@@ -452,7 +532,11 @@ impl Cx<'_> {
 
         let index_types: BTreeMap<&str, (ScalarType, &str)> = indexes
             .iter()
-            .flat_map(|ix| ix.key.attrs().map(move |a| (a.name.as_str(), (a.ty, ix.name.as_str()))))
+            .flat_map(|ix| {
+                ix.key
+                    .attrs()
+                    .map(move |a| (a.name.as_str(), (a.ty, ix.name.as_str())))
+            })
             .collect();
 
         let mut rules = Vec::new();
@@ -460,9 +544,15 @@ impl Cx<'_> {
         for (i, r) in raw.rules.iter().enumerate() {
             let span = r.span();
             let r = r.get_ref();
-            let name = r.name.as_ref().map_or_else(|| format!("rule {}", i + 1), |n| n.get_ref().clone());
+            let name = r
+                .name
+                .as_ref()
+                .map_or_else(|| format!("rule {}", i + 1), |n| n.get_ref().clone());
             if !seen_names.insert(name.clone()) {
-                self.error(r.name.as_ref().map_or(span.start, |n| n.span().start), format!("two rules are named `{name}`"));
+                self.error(
+                    r.name.as_ref().map_or(span.start, |n| n.span().start),
+                    format!("two rules are named `{name}`"),
+                );
             }
 
             // Shapes and the captures they bind.
@@ -474,7 +564,12 @@ impl Cx<'_> {
                         for (c, off) in &s.captures {
                             if !captured.insert(c.clone()) {
                                 let at = self.inner_offset(shape.span(), shape.get_ref(), *off);
-                                self.error(at, format!("capture `{c}` is bound by two shapes in rule `{name}`"));
+                                self.error(
+                                    at,
+                                    format!(
+                                        "capture `{c}` is bound by two shapes in rule `{name}`"
+                                    ),
+                                );
                             }
                         }
                         matchers.push((attr.clone(), s));
@@ -483,28 +578,36 @@ impl Cx<'_> {
                 }
             }
 
-            let check_template = |cx: &mut Self, text: &Spanned<String>, body: &str| -> Option<Template> {
-                match Template::parse(body) {
-                    Ok(t) => {
-                        for (c, off) in t.captures() {
-                            if !captured.contains(c) {
-                                let at = cx.inner_offset(text.span(), body, off);
-                                let known = if captured.is_empty() {
-                                    "it captures nothing; write {@name} for an item attribute".to_string()
-                                } else {
-                                    format!("it captures {}; write {{@{c}}} for an item attribute", join(&captured))
-                                };
-                                cx.error(at, format!("`{c}` is not captured by rule `{name}` ({known})"));
+            let check_template =
+                |cx: &mut Self, text: &Spanned<String>, body: &str| -> Option<Template> {
+                    match Template::parse(body) {
+                        Ok(t) => {
+                            for (c, off) in t.captures() {
+                                if !captured.contains(c) {
+                                    let at = cx.inner_offset(text.span(), body, off);
+                                    let known = if captured.is_empty() {
+                                        "it captures nothing; write {@name} for an item attribute"
+                                            .to_string()
+                                    } else {
+                                        format!(
+                                            "it captures {}; write {{@{c}}} for an item attribute",
+                                            join(&captured)
+                                        )
+                                    };
+                                    cx.error(
+                                        at,
+                                        format!("`{c}` is not captured by rule `{name}` ({known})"),
+                                    );
+                                }
                             }
+                            Some(t)
                         }
-                        Some(t)
+                        Err(e) => {
+                            cx.syntax(text.span(), body, e);
+                            None
+                        }
                     }
-                    Err(e) => {
-                        cx.syntax(text.span(), body, e);
-                        None
-                    }
-                }
-            };
+                };
 
             // Target key templates.
             let mut key = Vec::new();
@@ -532,7 +635,13 @@ impl Cx<'_> {
                     }
                     for attr in target_key.attrs() {
                         if !k.get_ref().contains_key(&attr.name) {
-                            self.error(k.span().start, format!("rule `{name}` does not produce target key attribute `{}`", attr.name));
+                            self.error(
+                                k.span().start,
+                                format!(
+                                    "rule `{name}` does not produce target key attribute `{}`",
+                                    attr.name
+                                ),
+                            );
                         }
                     }
                 }
@@ -553,7 +662,10 @@ impl Cx<'_> {
                     RawSet::Typed { template, ty } => match ScalarType::from_name(ty) {
                         Some(st) => (template.clone(), st),
                         None => {
-                            self.error(v.span().start, format!("unknown type `{ty}` for `{attr_name}` (S, N or B)"));
+                            self.error(
+                                v.span().start,
+                                format!("unknown type `{ty}` for `{attr_name}` (S, N or B)"),
+                            );
                             continue;
                         }
                     },
@@ -562,30 +674,54 @@ impl Cx<'_> {
                     self.error(v.span().start, format!("`{attr_name}` is a target key attribute: render it under `key`, not `set`"));
                     continue;
                 }
-                if let Some((ix_ty, ix)) = index_types.get(attr_name.as_str()) {
-                    if *ix_ty != ty {
-                        self.error(v.span().start, format!("`{attr_name}` is a key of index `{ix}` of type {ix_ty}, but this rule sets it as {ty}"));
-                    }
+                if let Some((ix_ty, ix)) = index_types.get(attr_name.as_str())
+                    && *ix_ty != ty
+                {
+                    self.error(v.span().start, format!("`{attr_name}` is a key of index `{ix}` of type {ix_ty}, but this rule sets it as {ty}"));
                 }
                 let spanned = Spanned::new(v.span(), body.clone());
                 if let Some(tpl) = check_template(self, &spanned, &body) {
                     self.check_type(&tpl, ty, &spanned, attr_name);
-                    set.push(SetAttr { name: attr_name.clone(), ty, template: tpl });
+                    set.push(SetAttr {
+                        name: attr_name.clone(),
+                        ty,
+                        template: tpl,
+                    });
                 }
             }
             let remove: Vec<String> = r.remove.iter().map(|s| s.get_ref().clone()).collect();
             for s in &r.remove {
                 if target_key.names().contains(&s.get_ref().as_str()) {
-                    self.error(s.span().start, format!("`{}` is a target key attribute and cannot be removed", s.get_ref()));
+                    self.error(
+                        s.span().start,
+                        format!(
+                            "`{}` is a target key attribute and cannot be removed",
+                            s.get_ref()
+                        ),
+                    );
                 }
                 if r.set.contains_key(s.get_ref()) {
-                    self.error(s.span().start, format!("`{}` is both set and removed by rule `{name}`", s.get_ref()));
+                    self.error(
+                        s.span().start,
+                        format!("`{}` is both set and removed by rule `{name}`", s.get_ref()),
+                    );
                 }
             }
             if mode == Mode::InPlace && set.is_empty() && remove.is_empty() && r.set.is_empty() {
-                self.error(span.start, format!("rule `{name}` sets nothing: in place, a rule must set or remove attributes"));
+                self.error(
+                    span.start,
+                    format!(
+                        "rule `{name}` sets nothing: in place, a rule must set or remove attributes"
+                    ),
+                );
             }
-            rules.push(Rule { name, matchers, key, set, remove });
+            rules.push(Rule {
+                name,
+                matchers,
+                key,
+                set,
+                remove,
+            });
         }
 
         Some(Plan {
@@ -611,18 +747,33 @@ impl Cx<'_> {
     fn check_type(&mut self, t: &Template, ty: ScalarType, at: &Spanned<String>, attr: &str) {
         if ty == ScalarType::N && !t.is_single_expr() {
             let lit = t.literal_text();
-            if lit.chars().any(|c| !c.is_ascii_digit()) || !t.parts.iter().any(|p| matches!(p, crate::template::Part::Expr { .. })) {
+            if lit.chars().any(|c| !c.is_ascii_digit())
+                || !t
+                    .parts
+                    .iter()
+                    .any(|p| matches!(p, crate::template::Part::Expr { .. }))
+            {
                 self.error(at.span().start, format!("`{attr}` is a number (N) but its template adds text `{lit}` that is not a number"));
             }
         }
         // Shard padding narrower than the shard count's digits would give keys of
         // different widths, which sort wrongly and read ambiguously.
         for p in &t.parts {
-            if let crate::template::Part::Expr { expr: crate::template::Expr::Shard { n, .. }, pad: Some(w), offset } = p {
+            if let crate::template::Part::Expr {
+                expr: crate::template::Expr::Shard { n, .. },
+                pad: Some(w),
+                offset,
+            } = p
+            {
                 let need = (n - 1).to_string().len();
                 if *w < need {
                     let pos = self.inner_offset(at.span(), at.get_ref(), *offset);
-                    self.error(pos, format!("padding :0{w} is narrower than shard count {n} needs ({need} digits)"));
+                    self.error(
+                        pos,
+                        format!(
+                            "padding :0{w} is narrower than shard count {n} needs ({need} digits)"
+                        ),
+                    );
                 }
             }
         }
@@ -630,7 +781,10 @@ impl Cx<'_> {
 }
 
 fn join(set: &BTreeSet<String>) -> String {
-    set.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+    set.iter()
+        .map(|s| format!("`{s}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// 1-based line and column (in characters) of a byte offset.
@@ -678,7 +832,12 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
     }
 
     fn errors(src: &str) -> Vec<String> {
-        parse(src).unwrap_err().0.iter().map(|e| e.to_string()).collect()
+        parse(src)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .collect()
     }
 
     #[test]
@@ -697,7 +856,9 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
     fn fingerprint_ignores_comments_but_not_settings() {
         let a = parse(GOOD).unwrap().fingerprint;
         let b = parse(&format!("# a comment\n{GOOD}")).unwrap().fingerprint;
-        let c = parse(&GOOD.replace("16):02", "32):02")).unwrap().fingerprint;
+        let c = parse(&GOOD.replace("16):02", "32):02"))
+            .unwrap()
+            .fingerprint;
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -707,52 +868,92 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
         let src = GOOD.replace("#STATUS#{@status}", "#STATUS#{status}");
         let errs = errors(&src);
         assert_eq!(errs.len(), 1, "{errs:?}");
-        let line = src.lines().position(|l| l.contains("#STATUS#{status}")).unwrap() + 1;
+        let line = src
+            .lines()
+            .position(|l| l.contains("#STATUS#{status}"))
+            .unwrap()
+            + 1;
         let col = src.lines().nth(line - 1).unwrap().find("{status}").unwrap() + 1;
-        assert!(errs[0].starts_with(&format!("p.toml:{line}:{col}: `status` is not captured")), "{errs:?}");
-        assert!(errs[0].contains("{@status}"), "suggests the attribute form: {errs:?}");
+        assert!(
+            errs[0].starts_with(&format!("p.toml:{line}:{col}: `status` is not captured")),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].contains("{@status}"),
+            "suggests the attribute form: {errs:?}"
+        );
     }
 
     #[test]
     fn structural_errors_are_all_reported_with_positions() {
         let src = GOOD
             .replace("shard(order_id,16)", "shard(order_id,0)")
-            .replace("{shard(order_id, 4)}", "{sha(order_id)}")
-            .replace("hash", "hash");
+            .replace("{shard(order_id, 4)}", "{sha(order_id)}");
         let errs = errors(&src);
         assert_eq!(errs.len(), 2, "{errs:?}");
-        assert!(errs.iter().any(|e| e.contains("shard count must be at least 1")));
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("shard count must be at least 1"))
+        );
         assert!(errs.iter().any(|e| e.contains("unknown function `sha`")));
         assert!(errs.iter().all(|e| e.starts_with("p.toml:")));
     }
 
     #[test]
     fn unknown_hash_and_key_types() {
-        let errs = errors(&GOOD.replace("unmatched = \"reject\"", "hash = \"md5\"").replace("sort_key = \"SK\"\n\n[target]", "sort_key = \"SK:X\"\n\n[target]"));
-        assert!(errs.iter().any(|e| e.contains("unknown hash `md5`")), "{errs:?}");
-        assert!(errs.iter().any(|e| e.contains("unknown key type `X`")), "{errs:?}");
+        let errs = errors(
+            &GOOD
+                .replace("unmatched = \"reject\"", "hash = \"md5\"")
+                .replace(
+                    "sort_key = \"SK\"\n\n[target]",
+                    "sort_key = \"SK:X\"\n\n[target]",
+                ),
+        );
+        assert!(
+            errs.iter().any(|e| e.contains("unknown hash `md5`")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().any(|e| e.contains("unknown key type `X`")),
+            "{errs:?}"
+        );
     }
 
     #[test]
     fn every_rule_must_produce_the_target_key() {
         let src = GOOD.replace(", SK = \"ORDER#{order_id}\" }\nset", " }\nset");
         let errs = errors(&src);
-        assert!(errs.iter().any(|e| e.contains("does not produce target key attribute `SK`")), "{errs:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("does not produce target key attribute `SK`")),
+            "{errs:?}"
+        );
     }
 
     #[test]
     fn number_keys_cannot_hold_text() {
         let src = GOOD.replace("partition_key = \"GSI1PK\"", "partition_key = \"GSI1PK:N\"");
         let errs = errors(&src);
-        assert!(errs.iter().any(|e| e.contains("key of index `GSI1` of type N")), "{errs:?}");
-        let src = GOOD.replace("template = \"{shard(order_id, 4)}\"", "template = \"X{shard(order_id, 4)}\"");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("key of index `GSI1` of type N")),
+            "{errs:?}"
+        );
+        let src = GOOD.replace(
+            "template = \"{shard(order_id, 4)}\"",
+            "template = \"X{shard(order_id, 4)}\"",
+        );
         assert!(errors(&src).iter().any(|e| e.contains("is a number (N)")));
     }
 
     #[test]
     fn narrow_shard_padding_is_refused() {
         let errs = errors(&GOOD.replace("shard(order_id,16):02", "shard(order_id,128):02"));
-        assert!(errs.iter().any(|e| e.contains("narrower than shard count 128")), "{errs:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("narrower than shard count 128")),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -767,21 +968,35 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
     fn in_place_plans_may_not_touch_the_key() {
         let src = GOOD.replace("orders_v2", "orders");
         let errs = errors(&src);
-        assert!(errs.iter().any(|e| e.contains("re-key into a new table instead")), "{errs:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("re-key into a new table instead")),
+            "{errs:?}"
+        );
         let ok = src.replace(
             "key = { PK = \"TENANT#{tenant}#DAY#{day}#SHARD#{shard(order_id,16):02}\", SK = \"ORDER#{order_id}\" }\n",
             "",
         );
-        let ok = ok.replace("drop = [\"legacy\"]\n", "").replace("source_key_prefix = \"old_\"\n", "");
+        let ok = ok
+            .replace("drop = [\"legacy\"]\n", "")
+            .replace("source_key_prefix = \"old_\"\n", "");
         let p = parse(&ok).unwrap();
         assert_eq!(p.mode, Mode::InPlace);
     }
 
     #[test]
     fn copy_needs_matching_key_schemas() {
-        let src = GOOD.replace("unmatched = \"reject\"", "unmatched = \"copy\"").replace("sort_key = \"SK\"\n[[target", "sort_key = \"SK2\"\n[[target");
+        let src = GOOD
+            .replace("unmatched = \"reject\"", "unmatched = \"copy\"")
+            .replace(
+                "sort_key = \"SK\"\n[[target",
+                "sort_key = \"SK2\"\n[[target",
+            );
         let errs = errors(&src);
-        assert!(errs.iter().any(|e| e.contains("copies items unchanged")), "{errs:?}");
+        assert!(
+            errs.iter().any(|e| e.contains("copies items unchanged")),
+            "{errs:?}"
+        );
     }
 
     #[test]

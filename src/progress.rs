@@ -38,7 +38,13 @@ impl Progress {
         Progress {
             mode,
             tty: std::io::stderr().is_terminal(),
-            state: Mutex::new(State { bar: None, label: String::new(), started: now, last_line: now, units: 0.0 }),
+            state: Mutex::new(State {
+                bar: None,
+                label: String::new(),
+                started: now,
+                last_line: now,
+                units: 0.0,
+            }),
         }
     }
 
@@ -57,8 +63,10 @@ impl Progress {
             None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
         };
         bar.set_style(
-            ProgressStyle::with_template("{prefix:>9} {bar:30} {human_pos} items  {per_sec}  {msg}  eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{prefix:>9} {bar:30} {human_pos} items  {per_sec}  {msg}  eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         bar.set_prefix(label.to_string());
         bar.enable_steady_tick(Duration::from_millis(200));
@@ -82,7 +90,11 @@ impl Progress {
             bar.set_message(format!("{rate:.0} CU/s"));
         } else if s.last_line.elapsed() >= PLAIN_EVERY {
             s.last_line = Instant::now();
-            eprintln!("{}: {items} items, {:.0} items/s, {rate:.0} CU/s", s.label, items as f64 / secs);
+            eprintln!(
+                "{}: {items} items, {:.0} items/s, {rate:.0} CU/s",
+                s.label,
+                items as f64 / secs
+            );
         }
     }
 

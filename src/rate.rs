@@ -41,7 +41,12 @@ impl Budget {
     pub fn new(units_per_second: Option<f64>) -> Budget {
         Budget {
             state: units_per_second.filter(|r| *r > 0.0).map(|rate| {
-                Mutex::new(Bucket { rate, capacity: rate, tokens: 0.0, last: Instant::now() })
+                Mutex::new(Bucket {
+                    rate,
+                    capacity: rate,
+                    tokens: 0.0,
+                    last: Instant::now(),
+                })
             }),
         }
     }

@@ -31,7 +31,11 @@ impl RejectsFile {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open rejects file {}", path.display()))?;
-        Ok(RejectsFile { path: path.to_path_buf(), out: BufWriter::new(f), written: 0 })
+        Ok(RejectsFile {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+            written: 0,
+        })
     }
 
     pub fn write(&mut self, item: &Item, reason: &str) -> anyhow::Result<()> {
@@ -52,6 +56,8 @@ impl RejectsFile {
     }
 
     pub fn finish(mut self) -> anyhow::Result<()> {
-        self.out.flush().with_context(|| format!("cannot write rejects file {}", self.path.display()))
+        self.out
+            .flush()
+            .with_context(|| format!("cannot write rejects file {}", self.path.display()))
     }
 }

@@ -60,13 +60,17 @@ pub async fn scan(
     let segments = opts.segments.max(1);
     let mut tasks = JoinSet::new();
     for segment in 0..segments {
-        let start = starts.get(segment as usize).cloned().unwrap_or(SegmentStart::Beginning);
+        let start = starts
+            .get(segment as usize)
+            .cloned()
+            .unwrap_or(SegmentStart::Beginning);
         let mut next = match start {
             SegmentStart::Done => continue,
             SegmentStart::Beginning => None,
             SegmentStart::After(k) => Some(k),
         };
-        let (clients, opts, budget, tx) = (clients.clone(), opts.clone(), budget.clone(), tx.clone());
+        let (clients, opts, budget, tx) =
+            (clients.clone(), opts.clone(), budget.clone(), tx.clone());
         tasks.spawn(async move {
             loop {
                 budget.ready().await;
@@ -84,7 +88,10 @@ pub async fn scan(
                     .send()
                     .await
                     .map_err(|e| clients.error("Scan", &opts.table, e))?;
-                let consumed = out.consumed_capacity().and_then(|c| c.capacity_units()).unwrap_or(0.0);
+                let consumed = out
+                    .consumed_capacity()
+                    .and_then(|c| c.capacity_units())
+                    .unwrap_or(0.0);
                 budget.spend(consumed).await;
                 let raw = out.items.unwrap_or_default();
                 let mut items = Vec::with_capacity(raw.len());
@@ -97,7 +104,13 @@ pub async fn scan(
                 }
                 next = out.last_evaluated_key.filter(|k| !k.is_empty());
                 let done = next.is_none();
-                let page = Page { segment, items, unreadable, next: next.clone(), consumed };
+                let page = Page {
+                    segment,
+                    items,
+                    unreadable,
+                    next: next.clone(),
+                    consumed,
+                };
                 if tx.send(page).await.is_err() || done {
                     return Ok::<(), AwsError>(());
                 }

@@ -36,15 +36,25 @@ impl fmt::Display for SyntaxError {
 }
 
 fn err<T>(offset: usize, message: impl Into<String>) -> Result<T, SyntaxError> {
-    Err(SyntaxError { offset, message: message.into() })
+    Err(SyntaxError {
+        offset,
+        message: message.into(),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expr {
     Capture(String),
     Attr(String),
-    Shard { arg: Box<Expr>, n: u32, hash: Option<HashFn> },
-    Bucket { arg: Box<Expr>, unit: BucketUnit },
+    Shard {
+        arg: Box<Expr>,
+        n: u32,
+        hash: Option<HashFn>,
+    },
+    Bucket {
+        arg: Box<Expr>,
+        unit: BucketUnit,
+    },
 }
 
 impl Expr {
@@ -204,14 +214,24 @@ fn eval<'a>(expr: &'a Expr, scope: &'a Scope<'a>) -> Result<Evaluated<'a>, Rende
         Expr::Capture(name) => {
             // The plan validator guarantees every capture a template reads is
             // produced by its rule's shapes, and a matched rule binds them all.
-            let v = scope.captures.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).unwrap_or("");
+            let v = scope
+                .captures
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .unwrap_or("");
             Evaluated::Text(Cow::Borrowed(v))
         }
         Expr::Attr(name) => match scope.item.get(name) {
             None => return Err(RenderError::MissingAttribute(name.clone())),
             Some(Value::S(s)) => Evaluated::Text(Cow::Borrowed(s)),
             Some(Value::N(n)) => Evaluated::Number(Cow::Borrowed(n)),
-            Some(other) => return Err(RenderError::WrongType { attr: name.clone(), found: other.type_name() }),
+            Some(other) => {
+                return Err(RenderError::WrongType {
+                    attr: name.clone(),
+                    found: other.type_name(),
+                });
+            }
         },
         Expr::Shard { arg, n, hash } => {
             let v = eval(arg, scope)?;
@@ -226,8 +246,10 @@ fn eval<'a>(expr: &'a Expr, scope: &'a Scope<'a>) -> Result<Evaluated<'a>, Rende
                 Evaluated::Text(t) if crate::value::is_valid_number(t) => TimeInput::Number(t),
                 Evaluated::Text(t) => TimeInput::Text(t),
             };
-            let b = bucket(input, *unit)
-                .map_err(|e| RenderError::BadTime { input: v.text().to_string(), message: e.to_string() })?;
+            let b = bucket(input, *unit).map_err(|e| RenderError::BadTime {
+                input: v.text().to_string(),
+                message: e.to_string(),
+            })?;
             Evaluated::Text(Cow::Owned(b))
         }
     })
@@ -254,31 +276,55 @@ impl Shape {
                     pattern.push_str(&regex::escape(l));
                     prev_was_capture = false;
                 }
-                Part::Expr { expr: Expr::Capture(name), pad: None, offset } => {
+                Part::Expr {
+                    expr: Expr::Capture(name),
+                    pad: None,
+                    offset,
+                } => {
                     if prev_was_capture {
-                        return err(*offset, "two captures in a row are ambiguous: put literal text between them");
+                        return err(
+                            *offset,
+                            "two captures in a row are ambiguous: put literal text between them",
+                        );
                     }
                     if captures.iter().any(|(n, _)| n == name) {
-                        return err(*offset, format!("capture `{name}` appears twice in one shape"));
+                        return err(
+                            *offset,
+                            format!("capture `{name}` appears twice in one shape"),
+                        );
                     }
                     pattern.push_str("(?s:(.+?))");
                     captures.push((name.clone(), *offset));
                     prev_was_capture = true;
                 }
                 Part::Expr { offset, .. } => {
-                    return err(*offset, "a match shape holds only literal text and {captures}: no @attributes, functions or padding");
+                    return err(
+                        *offset,
+                        "a match shape holds only literal text and {captures}: no @attributes, functions or padding",
+                    );
                 }
             }
         }
         pattern.push('$');
-        let regex = Regex::new(&pattern).map_err(|e| SyntaxError { offset: 0, message: e.to_string() })?;
-        Ok(Shape { text: text.to_string(), captures, regex })
+        let regex = Regex::new(&pattern).map_err(|e| SyntaxError {
+            offset: 0,
+            message: e.to_string(),
+        })?;
+        Ok(Shape {
+            text: text.to_string(),
+            captures,
+            regex,
+        })
     }
 
     /// The captures, in order, if the whole value matches.
     pub fn matches(&self, value: &str) -> Option<Vec<String>> {
         let caps = self.regex.captures(value)?;
-        Some((1..caps.len()).map(|i| caps.get(i).map_or("", |m| m.as_str()).to_string()).collect())
+        Some(
+            (1..caps.len())
+                .map(|i| caps.get(i).map_or("", |m| m.as_str()).to_string())
+                .collect(),
+        )
     }
 }
 
@@ -314,7 +360,10 @@ impl<'s> Parser<'s> {
                 Ok(())
             }
             Some(c) => err(self.pos, format!("expected `{want}`, found `{c}`")),
-            None => err(self.pos, format!("expected `{want}`, found the end of the template")),
+            None => err(
+                self.pos,
+                format!("expected `{want}`, found the end of the template"),
+            ),
         }
     }
 
@@ -345,7 +394,11 @@ impl<'s> Parser<'s> {
                     None
                 };
                 self.expect('}')?;
-                parts.push(Part::Expr { expr, pad, offset: here });
+                parts.push(Part::Expr {
+                    expr,
+                    pad,
+                    offset: here,
+                });
             } else {
                 lit.push(c);
                 self.pos += c.len_utf8();
@@ -359,7 +412,11 @@ impl<'s> Parser<'s> {
 
     fn pad(&mut self) -> Result<usize, SyntaxError> {
         let start = self.pos;
-        let spec: String = self.rest().chars().take_while(|c| c.is_ascii_digit()).collect();
+        let spec: String = self
+            .rest()
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         self.pos += spec.len();
         match spec.strip_prefix('0') {
             Some(w) if !w.is_empty() => match w.parse::<usize>() {
@@ -373,8 +430,11 @@ impl<'s> Parser<'s> {
     fn ident(&mut self) -> Result<String, SyntaxError> {
         self.skip_ws();
         let start = self.pos;
-        let id: String =
-            self.rest().chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == '.').collect();
+        let id: String = self
+            .rest()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '-' || *c == '.')
+            .collect();
         if id.is_empty() {
             return match self.peek() {
                 Some(c) => err(start, format!("expected a name, found `{c}`")),
@@ -395,7 +455,12 @@ impl<'s> Parser<'s> {
                 Some('"') => return Ok(out),
                 Some('\\') => match self.bump() {
                     Some(c @ ('"' | '\\')) => out.push(c),
-                    _ => return err(self.pos.saturating_sub(1), "only \\\" and \\\\ escape inside a quoted name"),
+                    _ => {
+                        return err(
+                            self.pos.saturating_sub(1),
+                            "only \\\" and \\\\ escape inside a quoted name",
+                        );
+                    }
                 },
                 Some(c) => out.push(c),
             }
@@ -407,7 +472,11 @@ impl<'s> Parser<'s> {
         let start = self.pos;
         if self.peek() == Some('@') {
             self.pos += 1;
-            let name = if self.peek() == Some('"') { self.quoted()? } else { self.ident()? };
+            let name = if self.peek() == Some('"') {
+                self.quoted()?
+            } else {
+                self.ident()?
+            };
             if name.is_empty() {
                 return err(start, "empty attribute name");
             }
@@ -443,7 +512,11 @@ impl<'s> Parser<'s> {
                     None
                 };
                 self.expect(')')?;
-                Ok(Expr::Shard { arg: Box::new(arg), n, hash })
+                Ok(Expr::Shard {
+                    arg: Box::new(arg),
+                    n,
+                    hash,
+                })
             }
             "bucket" => {
                 let arg = self.expr()?;
@@ -456,21 +529,33 @@ impl<'s> Parser<'s> {
                     message: format!("unknown bucket unit `{u}` (known: hour, day, week, month)"),
                 })?;
                 self.expect(')')?;
-                Ok(Expr::Bucket { arg: Box::new(arg), unit })
+                Ok(Expr::Bucket {
+                    arg: Box::new(arg),
+                    unit,
+                })
             }
-            other => err(start, format!("unknown function `{other}` (known: {FUNCTIONS})")),
+            other => err(
+                start,
+                format!("unknown function `{other}` (known: {FUNCTIONS})"),
+            ),
         }
     }
 
     fn integer(&mut self) -> Result<u32, SyntaxError> {
         self.skip_ws();
         let start = self.pos;
-        let digits: String = self.rest().chars().take_while(|c| c.is_ascii_digit()).collect();
+        let digits: String = self
+            .rest()
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         self.pos += digits.len();
         if digits.is_empty() {
             return err(start, "expected a whole number");
         }
-        digits.parse::<u32>().or_else(|_| err(start, "number too large"))
+        digits
+            .parse::<u32>()
+            .or_else(|_| err(start, "number too large"))
     }
 }
 
@@ -480,8 +565,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn scope_render(t: &str, caps: &[(&str, &str)], item: &Item) -> Result<String, RenderError> {
-        let captures: Vec<(String, String)> = caps.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        Template::parse(t).unwrap().render(&Scope { captures: &captures, item, default_hash: HashFn::Fnv1a32 })
+        let captures: Vec<(String, String)> = caps
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        Template::parse(t).unwrap().render(&Scope {
+            captures: &captures,
+            item,
+            default_hash: HashFn::Fnv1a32,
+        })
     }
 
     #[test]
@@ -511,10 +603,16 @@ mod tests {
     fn missing_and_wrong_type_attributes_are_render_errors() {
         let mut item = Item::new();
         item.insert("flag".into(), Value::Bool(true));
-        assert_eq!(scope_render("{@nope}", &[], &item), Err(RenderError::MissingAttribute("nope".into())));
+        assert_eq!(
+            scope_render("{@nope}", &[], &item),
+            Err(RenderError::MissingAttribute("nope".into()))
+        );
         assert_eq!(
             scope_render("{@flag}", &[], &item),
-            Err(RenderError::WrongType { attr: "flag".into(), found: "BOOL" })
+            Err(RenderError::WrongType {
+                attr: "flag".into(),
+                found: "BOOL"
+            })
         );
     }
 
@@ -538,16 +636,34 @@ mod tests {
 
     #[test]
     fn shapes_reject_what_cannot_be_matched() {
-        assert!(Shape::parse("{a}{b}").unwrap_err().message.contains("in a row"));
-        assert!(Shape::parse("{a}#{a}").unwrap_err().message.contains("twice"));
-        assert!(Shape::parse("{shard(a,2)}").unwrap_err().message.contains("only literal"));
+        assert!(
+            Shape::parse("{a}{b}")
+                .unwrap_err()
+                .message
+                .contains("in a row")
+        );
+        assert!(
+            Shape::parse("{a}#{a}")
+                .unwrap_err()
+                .message
+                .contains("twice")
+        );
+        assert!(
+            Shape::parse("{shard(a,2)}")
+                .unwrap_err()
+                .message
+                .contains("only literal")
+        );
         assert!(Shape::parse("A#{@x}").is_err());
     }
 
     #[test]
     fn shapes_match_whole_values_with_shortest_captures() {
         let s = Shape::parse("TENANT#{tenant}#DAY#{day}").unwrap();
-        assert_eq!(s.matches("TENANT#acme#DAY#2026-07-07"), Some(vec!["acme".into(), "2026-07-07".into()]));
+        assert_eq!(
+            s.matches("TENANT#acme#DAY#2026-07-07"),
+            Some(vec!["acme".into(), "2026-07-07".into()])
+        );
         assert_eq!(s.matches("TENANT#acme#DAY#"), None);
         assert_eq!(s.matches("XTENANT#acme#DAY#1"), None);
         let s = Shape::parse("{a}#{b}").unwrap();

@@ -16,13 +16,17 @@ use std::fmt;
 use crate::plan::{KeySchema, Mode, Plan, Rule, Unmatched};
 use crate::template::{RenderError, Scope};
 use crate::value::{
-    Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_SORT_KEY_BYTES, ScalarType, Value, is_valid_number, item_size,
+    Item, MAX_ITEM_BYTES, MAX_PARTITION_KEY_BYTES, MAX_SORT_KEY_BYTES, ScalarType, Value,
+    is_valid_number, item_size,
 };
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// Write this item to the target. `rule` is None for an unmatched item copied unchanged.
-    Put { rule: Option<usize>, item: Item },
+    Put {
+        rule: Option<usize>,
+        item: Item,
+    },
     Reject(Reject),
     /// Counted, not written (`unmatched = "skip"`).
     Skip,
@@ -39,11 +43,23 @@ pub struct Reject {
 pub enum RejectReason {
     NoRuleMatched,
     MissingSourceKey(String),
-    Render { attr: String, error: RenderError },
-    NotANumber { attr: String, text: String },
+    Render {
+        attr: String,
+        error: RenderError,
+    },
+    NotANumber {
+        attr: String,
+        text: String,
+    },
     EmptyKey(String),
-    KeyTooLarge { attr: String, bytes: usize, limit: usize },
-    TooLarge { bytes: usize },
+    KeyTooLarge {
+        attr: String,
+        bytes: usize,
+        limit: usize,
+    },
+    TooLarge {
+        bytes: usize,
+    },
 }
 
 impl RejectReason {
@@ -65,15 +81,28 @@ impl fmt::Display for RejectReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RejectReason::NoRuleMatched => f.write_str("no rule matched the item"),
-            RejectReason::MissingSourceKey(a) => write!(f, "the item has no source key attribute `{a}`"),
+            RejectReason::MissingSourceKey(a) => {
+                write!(f, "the item has no source key attribute `{a}`")
+            }
             RejectReason::Render { attr, error } => write!(f, "cannot render `{attr}`: {error}"),
-            RejectReason::NotANumber { attr, text } => write!(f, "`{attr}` is a number attribute but renders `{text}`"),
-            RejectReason::EmptyKey(a) => write!(f, "key attribute `{a}` renders an empty string, which DynamoDB refuses"),
+            RejectReason::NotANumber { attr, text } => {
+                write!(f, "`{attr}` is a number attribute but renders `{text}`")
+            }
+            RejectReason::EmptyKey(a) => write!(
+                f,
+                "key attribute `{a}` renders an empty string, which DynamoDB refuses"
+            ),
             RejectReason::KeyTooLarge { attr, bytes, limit } => {
-                write!(f, "key attribute `{attr}` renders {bytes} bytes, over DynamoDB's {limit}")
+                write!(
+                    f,
+                    "key attribute `{attr}` renders {bytes} bytes, over DynamoDB's {limit}"
+                )
             }
             RejectReason::TooLarge { bytes } => {
-                write!(f, "the target item is {bytes} bytes, over DynamoDB's {MAX_ITEM_BYTES}")
+                write!(
+                    f,
+                    "the target item is {bytes} bytes, over DynamoDB's {MAX_ITEM_BYTES}"
+                )
             }
         }
     }
@@ -88,13 +117,20 @@ impl fmt::Display for Reject {
     }
 }
 
-/// The first rule whose shapes all match, with its captures.
-pub fn match_rule<'p>(plan: &'p Plan, item: &Item) -> Option<(usize, &'p Rule, Vec<(String, String)>)> {
+/// Capture name → captured text, in shape order.
+pub type Captures = Vec<(String, String)>;
+
+/// The first rule whose shapes all match, with its index and captures.
+pub fn match_rule<'p>(plan: &'p Plan, item: &Item) -> Option<(usize, &'p Rule, Captures)> {
     'rules: for (i, rule) in plan.rules.iter().enumerate() {
         let mut captures = Vec::new();
         for (attr, shape) in &rule.matchers {
-            let Some(text) = item.get(attr).and_then(Value::as_text) else { continue 'rules };
-            let Some(vals) = shape.matches(text) else { continue 'rules };
+            let Some(text) = item.get(attr).and_then(Value::as_text) else {
+                continue 'rules;
+            };
+            let Some(vals) = shape.matches(text) else {
+                continue 'rules;
+            };
             captures.extend(shape.captures.iter().map(|(n, _)| n.clone()).zip(vals));
         }
         return Some((i, rule, captures));
@@ -103,7 +139,12 @@ pub fn match_rule<'p>(plan: &'p Plan, item: &Item) -> Option<(usize, &'p Rule, V
 }
 
 pub fn transform(plan: &Plan, item: &Item) -> Outcome {
-    let reject = |rule: Option<&Rule>, reason| Outcome::Reject(Reject { rule: rule.map(|r| r.name.clone()), reason });
+    let reject = |rule: Option<&Rule>, reason| {
+        Outcome::Reject(Reject {
+            rule: rule.map(|r| r.name.clone()),
+            reason,
+        })
+    };
     for name in plan.source_key.names() {
         if !item.contains_key(name) {
             return reject(None, RejectReason::MissingSourceKey(name.to_string()));
@@ -113,17 +154,32 @@ pub fn transform(plan: &Plan, item: &Item) -> Outcome {
         return match plan.unmatched {
             Unmatched::Reject => reject(None, RejectReason::NoRuleMatched),
             Unmatched::Skip => Outcome::Skip,
-            Unmatched::Copy => Outcome::Put { rule: None, item: item.clone() },
+            Unmatched::Copy => Outcome::Put {
+                rule: None,
+                item: item.clone(),
+            },
         };
     };
     match apply(plan, rule, &captures, item) {
-        Ok(out) => Outcome::Put { rule: Some(index), item: out },
+        Ok(out) => Outcome::Put {
+            rule: Some(index),
+            item: out,
+        },
         Err(reason) => reject(Some(rule), reason),
     }
 }
 
-fn apply(plan: &Plan, rule: &Rule, captures: &[(String, String)], item: &Item) -> Result<Item, RejectReason> {
-    let scope = Scope { captures, item, default_hash: plan.hash };
+fn apply(
+    plan: &Plan,
+    rule: &Rule,
+    captures: &[(String, String)],
+    item: &Item,
+) -> Result<Item, RejectReason> {
+    let scope = Scope {
+        captures,
+        item,
+        default_hash: plan.hash,
+    };
     let mut out = item.clone();
     if plan.mode == Mode::Rekey {
         if !rule.key.is_empty() {
@@ -144,11 +200,20 @@ fn apply(plan: &Plan, rule: &Rule, captures: &[(String, String)], item: &Item) -
         out.remove(r);
     }
     for (attr, tpl) in &rule.key {
-        let text = tpl.render(&scope).map_err(|error| RejectReason::Render { attr: attr.name.clone(), error })?;
+        let text = tpl.render(&scope).map_err(|error| RejectReason::Render {
+            attr: attr.name.clone(),
+            error,
+        })?;
         out.insert(attr.name.clone(), typed(&attr.name, attr.ty, text)?);
     }
     for s in &rule.set {
-        let text = s.template.render(&scope).map_err(|error| RejectReason::Render { attr: s.name.clone(), error })?;
+        let text = s
+            .template
+            .render(&scope)
+            .map_err(|error| RejectReason::Render {
+                attr: s.name.clone(),
+                error,
+            })?;
         out.insert(s.name.clone(), typed(&s.name, s.ty, text)?);
     }
     check_key(&plan.target_key, &out)?;
@@ -173,7 +238,10 @@ fn typed(attr: &str, ty: ScalarType, text: String) -> Result<Value, RejectReason
         ScalarType::B => Value::B(text.into_bytes()),
         ScalarType::N => {
             if !is_valid_number(&text) {
-                return Err(RejectReason::NotANumber { attr: attr.to_string(), text });
+                return Err(RejectReason::NotANumber {
+                    attr: attr.to_string(),
+                    text,
+                });
             }
             Value::N(text)
         }
@@ -181,8 +249,8 @@ fn typed(attr: &str, ty: ScalarType, text: String) -> Result<Value, RejectReason
 }
 
 fn check_key(key: &KeySchema, item: &Item) -> Result<(), RejectReason> {
-    for (attr, limit) in
-        std::iter::once((&key.partition_key, MAX_PARTITION_KEY_BYTES)).chain(key.sort_key.as_ref().map(|s| (s, MAX_SORT_KEY_BYTES)))
+    for (attr, limit) in std::iter::once((&key.partition_key, MAX_PARTITION_KEY_BYTES))
+        .chain(key.sort_key.as_ref().map(|s| (s, MAX_SORT_KEY_BYTES)))
     {
         let bytes = match item.get(&attr.name) {
             Some(Value::S(s)) => s.len(),
@@ -194,7 +262,11 @@ fn check_key(key: &KeySchema, item: &Item) -> Result<(), RejectReason> {
             return Err(RejectReason::EmptyKey(attr.name.clone()));
         }
         if bytes > limit {
-            return Err(RejectReason::KeyTooLarge { attr: attr.name.clone(), bytes, limit });
+            return Err(RejectReason::KeyTooLarge {
+                attr: attr.name.clone(),
+                bytes,
+                limit,
+            });
         }
     }
     Ok(())
@@ -252,18 +324,28 @@ key = { PK = "TENANT#{tenant}", SK = "PROFILE" }
 
     #[test]
     fn rekeys_an_order_keeping_every_other_attribute_exactly() {
-        let Outcome::Put { rule, item: out } = transform(&plan(), &order()) else { panic!() };
+        let Outcome::Put { rule, item: out } = transform(&plan(), &order()) else {
+            panic!()
+        };
         assert_eq!(rule, Some(0));
         let s = shard(HashFn::Fnv1a32, "o-42", 16);
-        assert_eq!(out["PK"], Value::S(format!("TENANT#acme#DAY#2026-07-07#SHARD#{s:02}")));
+        assert_eq!(
+            out["PK"],
+            Value::S(format!("TENANT#acme#DAY#2026-07-07#SHARD#{s:02}"))
+        );
         assert_eq!(out["SK"], Value::S("ORDER#o-42".into()));
-        assert_eq!(out["GSI1PK"], Value::S("TENANT#acme#STATUS#OPEN#B#2026-W28".into()));
+        assert_eq!(
+            out["GSI1PK"],
+            Value::S("TENANT#acme#STATUS#OPEN#B#2026-W28".into())
+        );
         assert_eq!(out["old_PK"], Value::S("TENANT#acme#DAY#2026-07-07".into()));
         assert!(!out.contains_key("legacy") && !out.contains_key("tmp"));
         for untouched in ["total", "tags", "blob", "meta", "status", "created"] {
             assert_eq!(out[untouched], order()[untouched], "{untouched}");
         }
-        let Value::N(total) = &out["total"] else { panic!() };
+        let Value::N(total) = &out["total"] else {
+            panic!()
+        };
         assert_eq!(total, "12.50", "numbers keep their text");
     }
 
@@ -271,21 +353,41 @@ key = { PK = "TENANT#{tenant}", SK = "PROFILE" }
     fn first_matching_rule_wins_and_unmatched_is_rejected() {
         let p = plan();
         let prof = item(r#"{"PK":{"S":"TENANT#acme"},"SK":{"S":"PROFILE"}}"#);
-        assert!(matches!(transform(&p, &prof), Outcome::Put { rule: Some(1), .. }));
+        assert!(matches!(
+            transform(&p, &prof),
+            Outcome::Put { rule: Some(1), .. }
+        ));
         let other = item(r#"{"PK":{"S":"USER#1"},"SK":{"S":"X"}}"#);
         assert_eq!(
             transform(&p, &other),
-            Outcome::Reject(Reject { rule: None, reason: RejectReason::NoRuleMatched })
+            Outcome::Reject(Reject {
+                rule: None,
+                reason: RejectReason::NoRuleMatched
+            })
         );
     }
 
     #[test]
     fn unmatched_policies() {
         let other = item(r#"{"PK":{"S":"USER#1"},"SK":{"S":"X"}}"#);
-        let skip = Plan::parse(&PLAN.replace("[options]", "[options]\nunmatched = \"skip\""), Path::new("t")).unwrap();
+        let skip = Plan::parse(
+            &PLAN.replace("[options]", "[options]\nunmatched = \"skip\""),
+            Path::new("t"),
+        )
+        .unwrap();
         assert_eq!(transform(&skip, &other), Outcome::Skip);
-        let copy = Plan::parse(&PLAN.replace("[options]", "[options]\nunmatched = \"copy\""), Path::new("t")).unwrap();
-        assert_eq!(transform(&copy, &other), Outcome::Put { rule: None, item: other.clone() });
+        let copy = Plan::parse(
+            &PLAN.replace("[options]", "[options]\nunmatched = \"copy\""),
+            Path::new("t"),
+        )
+        .unwrap();
+        assert_eq!(
+            transform(&copy, &other),
+            Outcome::Put {
+                rule: None,
+                item: other.clone()
+            }
+        );
     }
 
     #[test]
@@ -293,31 +395,51 @@ key = { PK = "TENANT#{tenant}", SK = "PROFILE" }
         let p = plan();
         let mut it = order();
         it.remove("status");
-        let Outcome::Reject(r) = transform(&p, &it) else { panic!() };
+        let Outcome::Reject(r) = transform(&p, &it) else {
+            panic!()
+        };
         assert_eq!(r.rule.as_deref(), Some("order"));
-        assert_eq!(r.reason, RejectReason::Render { attr: "GSI1PK".into(), error: RenderError::MissingAttribute("status".into()) });
+        assert_eq!(
+            r.reason,
+            RejectReason::Render {
+                attr: "GSI1PK".into(),
+                error: RenderError::MissingAttribute("status".into())
+            }
+        );
         assert!(r.to_string().contains("attribute `status` is missing"));
 
         let mut it = order();
         it.insert("status".into(), Value::L(vec![]));
-        let Outcome::Reject(r) = transform(&p, &it) else { panic!() };
+        let Outcome::Reject(r) = transform(&p, &it) else {
+            panic!()
+        };
         assert!(r.to_string().contains("`status` is L"), "{r}");
 
         let mut it = order();
         it.insert("created".into(), Value::S("yesterday".into()));
-        let Outcome::Reject(r) = transform(&p, &it) else { panic!() };
+        let Outcome::Reject(r) = transform(&p, &it) else {
+            panic!()
+        };
         assert!(r.to_string().contains("bucket of `yesterday`"), "{r}");
 
         let mut it = order();
         it.remove("SK");
-        assert_eq!(transform(&p, &it), Outcome::Reject(Reject { rule: None, reason: RejectReason::MissingSourceKey("SK".into()) }));
+        assert_eq!(
+            transform(&p, &it),
+            Outcome::Reject(Reject {
+                rule: None,
+                reason: RejectReason::MissingSourceKey("SK".into())
+            })
+        );
     }
 
     #[test]
     fn oversized_items_are_rejected_after_the_transform() {
         let mut it = order();
         it.insert("big".into(), Value::S("x".repeat(MAX_ITEM_BYTES - 200)));
-        let Outcome::Reject(r) = transform(&plan(), &it) else { panic!() };
+        let Outcome::Reject(r) = transform(&plan(), &it) else {
+            panic!()
+        };
         assert!(matches!(r.reason, RejectReason::TooLarge { bytes } if bytes > MAX_ITEM_BYTES));
         // The same item is fine without the added attributes: the check is on the result.
         let mut small = order();
@@ -327,9 +449,18 @@ key = { PK = "TENANT#{tenant}", SK = "PROFILE" }
 
     #[test]
     fn empty_rendered_keys_are_rejected() {
-        let p = Plan::parse(&PLAN.replace("key = { PK = \"TENANT#{tenant}\", SK = \"PROFILE\" }", "key = { PK = \"TENANT#{tenant}\", SK = \"{@nick}\" }"), Path::new("t")).unwrap();
+        let p = Plan::parse(
+            &PLAN.replace(
+                "key = { PK = \"TENANT#{tenant}\", SK = \"PROFILE\" }",
+                "key = { PK = \"TENANT#{tenant}\", SK = \"{@nick}\" }",
+            ),
+            Path::new("t"),
+        )
+        .unwrap();
         let prof = item(r#"{"PK":{"S":"TENANT#acme"},"SK":{"S":"PROFILE"},"nick":{"S":""}}"#);
-        let Outcome::Reject(r) = transform(&p, &prof) else { panic!() };
+        let Outcome::Reject(r) = transform(&p, &prof) else {
+            panic!()
+        };
         assert_eq!(r.reason, RejectReason::EmptyKey("SK".into()));
     }
 

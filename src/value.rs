@@ -178,17 +178,27 @@ fn parse_number(text: &str) -> Option<Decimal> {
     if int_part.is_empty() && frac_part.is_empty() {
         return None;
     }
-    if !int_part.bytes().all(|b| b.is_ascii_digit()) || !frac_part.bytes().all(|b| b.is_ascii_digit()) {
+    if !int_part.bytes().all(|b| b.is_ascii_digit())
+        || !frac_part.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let all: String = format!("{int_part}{frac_part}");
     let leading = all.bytes().take_while(|&b| b == b'0').count();
     let digits = all[leading..].trim_end_matches('0').to_string();
     if digits.is_empty() {
-        return Some(Decimal { negative: false, digits, exponent: 0 });
+        return Some(Decimal {
+            negative: false,
+            digits,
+            exponent: 0,
+        });
     }
     let exponent = int_part.len() as i64 - leading as i64 + exp;
-    Some(Decimal { negative, digits, exponent })
+    Some(Decimal {
+        negative,
+        digits,
+        exponent,
+    })
 }
 
 /// Whether `text` is a number DynamoDB accepts: decimal, at most 38 significant digits.
@@ -253,7 +263,9 @@ pub fn decode_key(bytes: &[u8]) -> Vec<String> {
     while rest.len() >= 5 {
         let tag = rest[0];
         let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-        let Some(body) = rest.get(5..5 + len) else { break };
+        let Some(body) = rest.get(5..5 + len) else {
+            break;
+        };
         parts.push(match tag {
             b'B' => BASE64.encode(body),
             _ => String::from_utf8_lossy(body).into_owned(),
@@ -336,8 +348,18 @@ impl<'de> Visitor<'de> for ValueVisitor {
             "N" => Value::N(map.next_value::<NumberText>()?.0),
             "B" => Value::B(map.next_value::<Base64Bytes>()?.0),
             "SS" => Value::Ss(map.next_value()?),
-            "NS" => Value::Ns(map.next_value::<Vec<NumberText>>()?.into_iter().map(|n| n.0).collect()),
-            "BS" => Value::Bs(map.next_value::<Vec<Base64Bytes>>()?.into_iter().map(|b| b.0).collect()),
+            "NS" => Value::Ns(
+                map.next_value::<Vec<NumberText>>()?
+                    .into_iter()
+                    .map(|n| n.0)
+                    .collect(),
+            ),
+            "BS" => Value::Bs(
+                map.next_value::<Vec<Base64Bytes>>()?
+                    .into_iter()
+                    .map(|b| b.0)
+                    .collect(),
+            ),
             "M" => Value::M(map.next_value()?),
             "L" => Value::L(map.next_value()?),
             "BOOL" => Value::Bool(map.next_value()?),
@@ -352,13 +374,17 @@ impl<'de> Visitor<'de> for ValueVisitor {
             }
         };
         if map.next_key::<de::IgnoredAny>()?.is_some() {
-            return Err(de::Error::custom("a DynamoDB JSON value has exactly one type tag"));
+            return Err(de::Error::custom(
+                "a DynamoDB JSON value has exactly one type tag",
+            ));
         }
         Ok(v)
     }
     // Lists inside L arrive as sequences of values; nothing else is a sequence.
     fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Value, A::Error> {
-        Err(de::Error::custom("expected a DynamoDB JSON value, found an array"))
+        Err(de::Error::custom(
+            "expected a DynamoDB JSON value, found an array",
+        ))
     }
 }
 
@@ -376,7 +402,10 @@ mod tests {
             "d":{"SS":["p","q"]},"e":{"NS":["1","2.5"]},"f":{"BS":["AA=="]},
             "g":{"M":{"h":{"L":[{"BOOL":true},{"NULL":true},{"N":"-0.001"}]}}}}"#;
         let it = item(text);
-        assert_eq!(it["b"], Value::N("123456789012345678901234567890.12345678".into()));
+        assert_eq!(
+            it["b"],
+            Value::N("123456789012345678901234567890.12345678".into())
+        );
         assert_eq!(it["c"], Value::B(vec![0, 1, 2]));
         let again: Item = serde_json::from_str(&serde_json::to_string(&it).unwrap()).unwrap();
         assert_eq!(it, again);
@@ -405,7 +434,10 @@ mod tests {
         assert_eq!(Value::N("15E-1".into()), Value::N("1.5".into()));
         assert_eq!(Value::N("0".into()), Value::N("-0.0".into()));
         assert_ne!(Value::N("1".into()), Value::N("10".into()));
-        assert_eq!(Value::Ss(vec!["a".into(), "b".into()]), Value::Ss(vec!["b".into(), "a".into()]));
+        assert_eq!(
+            Value::Ss(vec!["a".into(), "b".into()]),
+            Value::Ss(vec!["b".into(), "a".into()])
+        );
         assert_ne!(Value::S("1".into()), Value::N("1".into()));
     }
 

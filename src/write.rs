@@ -36,7 +36,12 @@ pub async fn put_batch(clients: &Clients, table: &str, items: &[Item]) -> Result
     debug_assert!(items.len() <= BATCH);
     let mut pending: Vec<WriteRequest> = items
         .iter()
-        .filter_map(|i| PutRequest::builder().set_item(Some(to_sdk_item(i))).build().ok())
+        .filter_map(|i| {
+            PutRequest::builder()
+                .set_item(Some(to_sdk_item(i)))
+                .build()
+                .ok()
+        })
         .map(|p| WriteRequest::builder().put_request(p).build())
         .collect();
     let mut consumed = 0.0;
@@ -50,8 +55,15 @@ pub async fn put_batch(clients: &Clients, table: &str, items: &[Item]) -> Result
             .send()
             .await
             .map_err(|e| clients.error("BatchWriteItem", table, e))?;
-        consumed += out.consumed_capacity().iter().filter_map(|c| c.capacity_units()).sum::<f64>();
-        pending = out.unprocessed_items.and_then(|mut m| m.remove(table)).unwrap_or_default();
+        consumed += out
+            .consumed_capacity()
+            .iter()
+            .filter_map(|c| c.capacity_units())
+            .sum::<f64>();
+        pending = out
+            .unprocessed_items
+            .and_then(|mut m| m.remove(table))
+            .unwrap_or_default();
         if !pending.is_empty() {
             tokio::time::sleep(backoff(attempt, jitter())).await;
             attempt += 1;
@@ -61,7 +73,12 @@ pub async fn put_batch(clients: &Clients, table: &str, items: &[Item]) -> Result
 }
 
 /// Put any number of items, `concurrency` batches in flight.
-pub async fn put_all(clients: &Clients, table: &str, items: &[Item], concurrency: usize) -> Result<f64, AwsError> {
+pub async fn put_all(
+    clients: &Clients,
+    table: &str,
+    items: &[Item],
+    concurrency: usize,
+) -> Result<f64, AwsError> {
     use futures::stream::{self, StreamExt, TryStreamExt};
     stream::iter(items.chunks(BATCH))
         .map(|chunk| put_batch(clients, table, chunk))

@@ -24,7 +24,9 @@ use crate::progress::Progress;
 use crate::rate::Budget;
 use crate::rejects::RejectsFile;
 use crate::scan::{self, ScanOptions};
-use crate::spill::{Aggregate, Claimants, ExternalAggregator, SpillError, SpillOptions, get_varint, put_varint};
+use crate::spill::{
+    Aggregate, Claimants, ExternalAggregator, SpillError, SpillOptions, get_varint, put_varint,
+};
 use crate::transform::{Outcome, transform};
 use crate::value::{Item, decode_key, encode_key, item_size, write_units};
 
@@ -72,7 +74,11 @@ struct KeyLoad {
 
 impl KeyLoad {
     fn of(bytes: usize) -> KeyLoad {
-        KeyLoad { items: 1, bytes: bytes as u64, wcu: write_units(bytes) }
+        KeyLoad {
+            items: 1,
+            bytes: bytes as u64,
+            wcu: write_units(bytes),
+        }
     }
 }
 
@@ -122,14 +128,19 @@ impl Collector {
 
     fn finish(self, opts: &AnalyzeOptions) -> Result<Distribution, SpillError> {
         let total = self.total;
-        let scenarios: Vec<(String, f64)> = std::iter::once(("backfill".to_string(), opts.backfill_write_rate))
-            .chain(opts.app_write_rate.map(|r| ("application".to_string(), r)))
-            .collect();
+        let scenarios: Vec<(String, f64)> =
+            std::iter::once(("backfill".to_string(), opts.backfill_write_rate))
+                .chain(opts.app_write_rate.map(|r| ("application".to_string(), r)))
+                .collect();
         // WCU/s a key receives under each scenario.
         let per_key = |l: &KeyLoad, scenario: usize| -> f64 {
             let (name, rate) = &scenarios[scenario];
             if name == "backfill" {
-                if total.wcu == 0 { 0.0 } else { rate * l.wcu as f64 / total.wcu as f64 }
+                if total.wcu == 0 {
+                    0.0
+                } else {
+                    rate * l.wcu as f64 / total.wcu as f64
+                }
             } else if total.items == 0 {
                 0.0
             } else {
@@ -178,7 +189,11 @@ impl Collector {
             hottest_by_items: hot(by_items),
             largest_by_bytes: hot(by_bytes),
             collections_near_10gb: near_limit,
-            load: scenarios.iter().zip(loads).map(|((name, rate), acc)| acc.finish(name, *rate)).collect(),
+            load: scenarios
+                .iter()
+                .zip(loads)
+                .map(|((name, rate), acc)| acc.finish(name, *rate))
+                .collect(),
         })
     }
 }
@@ -194,11 +209,11 @@ fn push_top(heap: &mut BinaryHeap<Reverse<TopEntry>>, n: usize, entry: TopEntry)
     }
     if heap.len() < n {
         heap.push(Reverse(entry));
-    } else if let Some(Reverse(min)) = heap.peek() {
-        if (entry.0, &entry.1) > (min.0, &min.1) {
-            heap.pop();
-            heap.push(Reverse(entry));
-        }
+    } else if let Some(Reverse(min)) = heap.peek()
+        && (entry.0, &entry.1) > (min.0, &min.1)
+    {
+        heap.pop();
+        heap.push(Reverse(entry));
     }
 }
 
@@ -233,7 +248,12 @@ impl LoadAcc {
         Load {
             scenario: scenario.to_string(),
             rate,
-            rate_unit: if scenario == "backfill" { "WCU/s" } else { "items/s" }.to_string(),
+            rate_unit: if scenario == "backfill" {
+                "WCU/s"
+            } else {
+                "items/s"
+            }
+            .to_string(),
             max_key_wcu: self.max,
             keys_over_limit: self.over,
             items_on_keys_over_limit: self.items_over,
@@ -360,7 +380,10 @@ pub struct IndexReport {
 // ---- the analyzer --------------------------------------------------------------
 
 fn spill_opts(opts: &AnalyzeOptions) -> SpillOptions {
-    SpillOptions { memory_bytes: opts.spill_memory_bytes, dir: opts.spill_dir.clone() }
+    SpillOptions {
+        memory_bytes: opts.spill_memory_bytes,
+        dir: opts.spill_dir.clone(),
+    }
 }
 
 struct ReasonAcc {
@@ -387,12 +410,20 @@ pub struct Analyzer<'p> {
 }
 
 impl<'p> Analyzer<'p> {
-    pub fn new(plan: &'p Plan, opts: AnalyzeOptions, rejects: Option<RejectsFile>) -> Result<Analyzer<'p>, SpillError> {
+    pub fn new(
+        plan: &'p Plan,
+        opts: AnalyzeOptions,
+        rejects: Option<RejectsFile>,
+    ) -> Result<Analyzer<'p>, SpillError> {
         Ok(Analyzer {
             plan,
             old: Collector::new(&plan.source_key.partition_key.name, &opts)?,
             new: Collector::new(&plan.target_key.partition_key.name, &opts)?,
-            indexes: plan.indexes.iter().map(|ix| Collector::new(&ix.key.partition_key.name, &opts)).collect::<Result<_, _>>()?,
+            indexes: plan
+                .indexes
+                .iter()
+                .map(|ix| Collector::new(&ix.key.partition_key.name, &opts))
+                .collect::<Result<_, _>>()?,
             claims: ExternalAggregator::new(spill_opts(&opts))?,
             per_rule: vec![0; plan.rules.len()],
             opts,
@@ -429,11 +460,18 @@ impl<'p> Analyzer<'p> {
             Outcome::Skip => self.skipped += 1,
             Outcome::Reject(r) => {
                 self.rejected += 1;
-                let key = decode_key(&encode_key(item, &plan.source_key.names()).unwrap_or_default());
-                let acc = self.reasons.entry(r.reason.kind()).or_insert(ReasonAcc { count: 0, examples: Vec::new() });
+                let key =
+                    decode_key(&encode_key(item, &plan.source_key.names()).unwrap_or_default());
+                let acc = self.reasons.entry(r.reason.kind()).or_insert(ReasonAcc {
+                    count: 0,
+                    examples: Vec::new(),
+                });
                 acc.count += 1;
                 if acc.examples.len() < self.opts.examples {
-                    acc.examples.push(RejectExample { source_key: key, message: r.to_string() });
+                    acc.examples.push(RejectExample {
+                        source_key: key,
+                        message: r.to_string(),
+                    });
                 }
                 if let Some(f) = &mut self.rejects {
                     f.write(item, &r.to_string())?;
@@ -460,7 +498,11 @@ impl<'p> Analyzer<'p> {
 
     pub fn finish(self) -> anyhow::Result<Report> {
         let opts = self.opts;
-        let mut collisions = Collisions { target_keys: 0, source_items: 0, examples: Vec::new() };
+        let mut collisions = Collisions {
+            target_keys: 0,
+            source_items: 0,
+            examples: Vec::new(),
+        };
         let mut merged = self.claims.finish()?;
         for entry in &mut merged {
             let (key, c) = entry?;
@@ -488,7 +530,11 @@ impl<'p> Analyzer<'p> {
             .zip(self.indexes)
             .map(|(ix, c)| {
                 let d = c.finish(&opts)?;
-                Ok(IndexReport { index: ix.name.clone(), items_without_key: put - d.items, distribution: d })
+                Ok(IndexReport {
+                    index: ix.name.clone(),
+                    items_without_key: put - d.items,
+                    distribution: d,
+                })
             })
             .collect::<Result<Vec<_>, SpillError>>()?;
         Ok(Report {
@@ -501,7 +547,10 @@ impl<'p> Analyzer<'p> {
                 .rules
                 .iter()
                 .zip(&self.per_rule)
-                .map(|(r, n)| RuleCount { rule: r.name.clone(), items: *n })
+                .map(|(r, n)| RuleCount {
+                    rule: r.name.clone(),
+                    items: *n,
+                })
                 .collect(),
             copied_unmatched: self.copied,
             skipped: self.skipped,
@@ -509,7 +558,11 @@ impl<'p> Analyzer<'p> {
             reject_reasons: self
                 .reasons
                 .into_iter()
-                .map(|(reason, a)| ReasonReport { reason, count: a.count, examples: a.examples })
+                .map(|(reason, a)| ReasonReport {
+                    reason,
+                    count: a.count,
+                    examples: a.examples,
+                })
                 .collect(),
             collisions,
             old: self.old.finish(&opts)?,
@@ -541,7 +594,9 @@ pub async fn run(
 ) -> anyhow::Result<Report> {
     let info = clients.describe_table(&plan.source_table).await?;
     info.check_key(&plan.source_key, "source")?;
-    let segments = scan_settings.segments.unwrap_or_else(|| scan::default_segments(info.size_bytes, 4));
+    let segments = scan_settings
+        .segments
+        .unwrap_or_else(|| scan::default_segments(info.size_bytes, 4));
     let scan_opts = ScanOptions {
         table: plan.source_table.clone(),
         segments,
@@ -614,13 +669,23 @@ key = { PK = "DUP", SK = "SAME" }
         let plan = Plan::parse(PLAN, Path::new("p")).unwrap();
         // A tiny spill budget forces many runs: the result must not change.
         for memory in [64 * 1024 * 1024, 512] {
-            let opts = AnalyzeOptions { spill_memory_bytes: memory, top: 2, ..Default::default() };
+            let opts = AnalyzeOptions {
+                spill_memory_bytes: memory,
+                top: 2,
+                ..Default::default()
+            };
             let mut a = Analyzer::new(&plan, opts, None).unwrap();
             for i in 0..300 {
-                a.add(&item("T#hot", &format!("O#{i}"), Some("OPEN"))).unwrap();
+                a.add(&item("T#hot", &format!("O#{i}"), Some("OPEN")))
+                    .unwrap();
             }
             for t in 0..50 {
-                a.add(&item(&format!("T#t{t}"), "O#x", if t % 2 == 0 { Some("DONE") } else { None })).unwrap();
+                a.add(&item(
+                    &format!("T#t{t}"),
+                    "O#x",
+                    if t % 2 == 0 { Some("DONE") } else { None },
+                ))
+                .unwrap();
             }
             for i in 0..5 {
                 a.add(&item("D#a", &format!("X#{i}"), None)).unwrap();
@@ -634,7 +699,10 @@ key = { PK = "DUP", SK = "SAME" }
             assert_eq!(r.matched[1].items, 5);
             // 25 orders lack the status their index key needs; 7 items match no rule.
             assert_eq!(r.rejected, 32);
-            assert_eq!(r.reject_reasons[0].reason, "`GSI1PK`: attribute `status` is missing");
+            assert_eq!(
+                r.reject_reasons[0].reason,
+                "`GSI1PK`: attribute `status` is missing"
+            );
             assert_eq!(r.reject_reasons[0].count, 25);
             assert_eq!(r.reject_reasons[1].reason, "no rule matched");
             assert_eq!(r.reject_reasons[1].count, 7);
@@ -646,7 +714,11 @@ key = { PK = "DUP", SK = "SAME" }
             assert_eq!(r.old.hottest_by_items[0].key, "T#hot");
             assert_eq!(r.old.hottest_by_items[0].items, 300);
             // 300 hot items spread over 4 shards; the small tenants keep theirs.
-            assert!(r.new.hottest_by_items[0].items < 100, "{:?}", r.new.hottest_by_items);
+            assert!(
+                r.new.hottest_by_items[0].items < 100,
+                "{:?}",
+                r.new.hottest_by_items
+            );
             assert_eq!(r.new.items, 330);
             let ix = &r.indexes[0];
             assert_eq!(ix.distribution.cardinality, 2);
@@ -659,13 +731,18 @@ key = { PK = "DUP", SK = "SAME" }
     #[test]
     fn load_estimate_flags_keys_over_the_partition_limit() {
         let plan = Plan::parse(PLAN, Path::new("p")).unwrap();
-        let opts = AnalyzeOptions { app_write_rate: Some(4000.0), ..Default::default() };
+        let opts = AnalyzeOptions {
+            app_write_rate: Some(4000.0),
+            ..Default::default()
+        };
         let mut a = Analyzer::new(&plan, opts, None).unwrap();
         for i in 0..500 {
-            a.add(&item("T#hot", &format!("O#{i}"), Some("OPEN"))).unwrap();
+            a.add(&item("T#hot", &format!("O#{i}"), Some("OPEN")))
+                .unwrap();
         }
         for t in 0..500 {
-            a.add(&item(&format!("T#t{t}"), "O#1", Some("OPEN"))).unwrap();
+            a.add(&item(&format!("T#t{t}"), "O#1", Some("OPEN")))
+                .unwrap();
         }
         let r = a.finish().unwrap();
         let app_old = &r.old.load[1];
@@ -675,7 +752,10 @@ key = { PK = "DUP", SK = "SAME" }
         assert!((app_old.max_key_wcu - 2000.0).abs() < 1e-6);
         let app_new = &r.new.load[1];
         assert_eq!(app_new.keys_over_limit, 0, "four shards of 500 WCU/s each");
-        assert_eq!(app_new.histogram.iter().map(|b| b.keys).sum::<u64>(), r.new.cardinality);
+        assert_eq!(
+            app_new.histogram.iter().map(|b| b.keys).sum::<u64>(),
+            r.new.cardinality
+        );
         // The status index is one hot key: every write of the table lands on it.
         assert_eq!(r.indexes[0].distribution.load[1].keys_over_limit, 1);
     }
