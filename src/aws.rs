@@ -476,3 +476,66 @@ mod tests {
         assert_eq!(e.to_string(), "http://127.0.0.1:9 (from --endpoint-url)");
     }
 }
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+    use aws_sdk_dynamodb::operation::scan::ScanError;
+    use aws_smithy_runtime_api::http::{Response, StatusCode};
+    use aws_smithy_types::body::SdkBody;
+    use aws_smithy_types::error::ErrorMetadata;
+
+    /// An SDK error as the SDK builds it from a service answer with this code.
+    fn service_error(code: &str, message: &str) -> SdkError<ScanError, Response> {
+        let meta = ErrorMetadata::builder().code(code).message(message).build();
+        let raw = Response::new(StatusCode::try_from(400).unwrap(), SdkBody::empty());
+        SdkError::service_error(ScanError::generic(meta), raw)
+    }
+
+    #[tokio::test]
+    async fn service_errors_name_the_action_table_and_region() {
+        let clients = Clients::connect(&AwsOptions {
+            endpoint_url: Some("http://127.0.0.1:9".into()),
+            region: Some("eu-west-1".into()),
+            static_credentials: Some(("k".into(), "s".into())),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let e = clients.error(
+            "Scan",
+            "orders",
+            service_error("AccessDeniedException", "User: x is not authorized"),
+        );
+        assert!(
+            e.to_string()
+                .contains("permission denied for Scan on `orders`"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("dynamodb:Scan"), "{e}");
+        let e = clients.error(
+            "Scan",
+            "orders",
+            service_error("ResourceNotFoundException", "not found"),
+        );
+        assert_eq!(
+            e.to_string(),
+            "table `orders` does not exist in region eu-west-1 at http://127.0.0.1:9 (from --endpoint-url)"
+        );
+        let e = clients.error(
+            "Scan",
+            "orders",
+            service_error("ProvisionedThroughputExceededException", "slow down"),
+        );
+        assert!(e.is_throttle());
+        let e = clients.error(
+            "Scan",
+            "orders",
+            service_error("ValidationException", "bad"),
+        );
+        assert_eq!(
+            e.to_string(),
+            "Scan on `orders` failed (ValidationException): bad"
+        );
+    }
+}

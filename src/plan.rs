@@ -999,6 +999,19 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
         );
     }
 
+    proptest::proptest! {
+        /// No input makes loading panic: arbitrary text, and a good plan with a
+        /// random slice cut out or a random character put in.
+        #[test]
+        fn loading_never_panics(text in ".{0,200}", cut in 0usize..2000, len in 0usize..40, ch in proptest::char::any()) {
+            let _ = parse(&text);
+            let at = GOOD.floor_char_boundary(cut.min(GOOD.len()));
+            let end = GOOD.floor_char_boundary((at + len).min(GOOD.len()));
+            let _ = parse(&format!("{}{}", &GOOD[..at], &GOOD[end..]));
+            let _ = parse(&format!("{}{ch}{}", &GOOD[..at], &GOOD[at..]));
+        }
+    }
+
     #[test]
     fn line_col_counts_characters() {
         assert_eq!(line_col("ab\ncdé f", 0), (1, 1));

@@ -55,13 +55,24 @@ pub enum Expr {
         arg: Box<Expr>,
         unit: BucketUnit,
     },
+    /// A quoted template as a function argument: `shard("{@PK}#{@SK}", 16)`
+    /// hashes the whole source key.
+    Text(Template),
 }
 
 impl Expr {
     fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
         f(self);
-        if let Expr::Shard { arg, .. } | Expr::Bucket { arg, .. } = self {
-            arg.walk(f);
+        match self {
+            Expr::Shard { arg, .. } | Expr::Bucket { arg, .. } => arg.walk(f),
+            Expr::Text(t) => {
+                for p in &t.parts {
+                    if let Part::Expr { expr, .. } = p {
+                        expr.walk(f);
+                    }
+                }
+            }
+            Expr::Capture(_) | Expr::Attr(_) => {}
         }
     }
 }
@@ -238,6 +249,7 @@ fn eval<'a>(expr: &'a Expr, scope: &'a Scope<'a>) -> Result<Evaluated<'a>, Rende
             let h = hash.unwrap_or(scope.default_hash);
             Evaluated::Number(Cow::Owned(shard(h, v.text(), *n).to_string()))
         }
+        Expr::Text(t) => Evaluated::Text(Cow::Owned(t.render(scope)?)),
         Expr::Bucket { arg, unit } => {
             let v = eval(arg, scope)?;
             let input = match &v {
@@ -470,6 +482,26 @@ impl<'s> Parser<'s> {
     fn expr(&mut self) -> Result<Expr, SyntaxError> {
         self.skip_ws();
         let start = self.pos;
+        if self.peek() == Some('"') {
+            // A nested template runs to the next quote; its offsets are made
+            // absolute so errors inside it still point at the right column.
+            let body_start = self.pos + 1;
+            let Some(len) = self.src[body_start..].find('"') else {
+                return err(start, "unterminated quoted template");
+            };
+            let body = &self.src[body_start..body_start + len];
+            let mut t = Template::parse(body).map_err(|e| SyntaxError {
+                offset: e.offset + body_start,
+                ..e
+            })?;
+            for p in &mut t.parts {
+                if let Part::Expr { offset, .. } = p {
+                    *offset += body_start;
+                }
+            }
+            self.pos = body_start + len + 1;
+            return Ok(Expr::Text(t));
+        }
         if self.peek() == Some('@') {
             self.pos += 1;
             let name = if self.peek() == Some('"') {
@@ -590,6 +622,18 @@ mod tests {
         .unwrap();
         let s = shard(HashFn::Fnv1a32, "o-1", 16);
         assert_eq!(out, format!("T#acme#OPEN#2026-07-07#{s:02}#x{{}}"));
+    }
+
+    #[test]
+    fn a_quoted_template_hashes_several_attributes_together() {
+        let mut item = Item::new();
+        item.insert("PK".into(), Value::S("A".into()));
+        item.insert("SK".into(), Value::S("B".into()));
+        let out = scope_render("{shard(\"{@PK}#{@SK}\", 64):02}", &[], &item).unwrap();
+        assert_eq!(out, format!("{:02}", shard(HashFn::Fnv1a32, "A#B", 64)));
+        let e = Template::parse("X{shard(\"{nope(a)}\", 4)}").unwrap_err();
+        assert_eq!(e.offset, 10, "{e}");
+        assert!(Template::parse("{shard(\"{@PK}, 4)}").is_err());
     }
 
     #[test]
