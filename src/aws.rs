@@ -16,7 +16,6 @@ use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, KeyType, ScalarAttributeType, StreamViewType};
 use aws_smithy_types::Blob;
-use aws_smithy_types::error::display::DisplayErrorContext;
 
 use crate::plan::{KeyAttr, KeySchema};
 use crate::value::{Item, ScalarType, Value};
@@ -64,12 +63,16 @@ pub enum AwsError {
         resource: String,
         detail: String,
     },
-    #[error("{action} on `{resource}` was throttled ({code}): {detail}")]
+    #[error(
+        "{action} on `{resource}` was throttled ({code}{}): {detail}",
+        reason_list(reasons)
+    )]
     Throttled {
         action: String,
         resource: String,
         code: String,
         detail: String,
+        reasons: Vec<String>,
     },
     #[error("{action} on `{resource}` failed ({code}): {detail}")]
     Service {
@@ -86,6 +89,14 @@ pub enum AwsError {
     },
     #[error("table `{table}`: {detail}")]
     Schema { table: String, detail: String },
+}
+
+fn reason_list(reasons: &[String]) -> String {
+    if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", reasons.join(", "))
+    }
 }
 
 impl AwsError {
@@ -153,10 +164,10 @@ impl Clients {
     /// Turn any SDK error into one that names what the operator must fix.
     pub fn error<E, R>(&self, action: &str, resource: &str, err: SdkError<E, R>) -> AwsError
     where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        E: ProvideErrorMetadata + ThrottleReasons + std::error::Error + Send + Sync + 'static,
         R: fmt::Debug + Send + Sync + 'static,
     {
-        let detail_of = |e: &SdkError<E, R>| DisplayErrorContext(e).to_string();
+        let detail_of = |e: &SdkError<E, R>| error_chain(e);
         match &err {
             SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => AwsError::Unreachable {
                 endpoint: self.endpoint.clone(),
@@ -184,11 +195,16 @@ impl Clients {
                         detail,
                     }
                 } else if THROTTLE_CODES.contains(&code.as_str()) {
+                    let reasons = err
+                        .as_service_error()
+                        .map(ThrottleReasons::reasons)
+                        .unwrap_or_default();
                     AwsError::Throttled {
                         action,
                         resource,
                         code,
                         detail,
+                        reasons,
                     }
                 } else if code.is_empty() {
                     AwsError::Other {
@@ -287,6 +303,71 @@ impl Clients {
         })
     }
 }
+
+/// An error and its sources, each by Display, joined with ": ". (The SDK's
+/// DisplayErrorContext appends a Debug dump, which is not for operators.)
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = s.source();
+    }
+    parts.join(": ")
+}
+
+/// DynamoDB says why it throttled (ThrottlingReasons: key range, table,
+/// index or account): rekey counts and reports them.
+pub trait ThrottleReasons {
+    fn reasons(&self) -> Vec<String>;
+}
+
+fn reason_names(r: &[aws_sdk_dynamodb::types::ThrottlingReason]) -> Vec<String> {
+    r.iter()
+        .filter_map(|t| t.reason().map(str::to_string))
+        .collect()
+}
+
+macro_rules! throttle_reasons {
+    ($($t:ty),*) => {$(
+        impl ThrottleReasons for $t {
+            fn reasons(&self) -> Vec<String> {
+                match self {
+                    Self::ProvisionedThroughputExceededException(e) => reason_names(e.throttling_reasons()),
+                    Self::ThrottlingException(e) => reason_names(e.throttling_reasons()),
+                    _ => Vec::new(),
+                }
+            }
+        }
+    )*};
+}
+
+throttle_reasons!(
+    aws_sdk_dynamodb::operation::scan::ScanError,
+    aws_sdk_dynamodb::operation::put_item::PutItemError,
+    aws_sdk_dynamodb::operation::batch_write_item::BatchWriteItemError,
+    aws_sdk_dynamodb::operation::update_item::UpdateItemError,
+    aws_sdk_dynamodb::operation::delete_item::DeleteItemError,
+    aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemError,
+    aws_sdk_dynamodb::operation::get_item::GetItemError,
+    aws_sdk_dynamodb::operation::query::QueryError
+);
+
+macro_rules! no_throttle_reasons {
+    ($($t:ty),*) => {$(
+        impl ThrottleReasons for $t {
+            fn reasons(&self) -> Vec<String> { Vec::new() }
+        }
+    )*};
+}
+
+no_throttle_reasons!(
+    aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
+    aws_sdk_dynamodb::operation::create_table::CreateTableError
+);
 
 /// What rekey needs to know of a table.
 #[derive(Debug, Clone)]

@@ -85,8 +85,61 @@ pub enum Command {
     Check(CheckArgs),
     /// Dry run on the source table: unmatched items, collisions, old vs new key distribution.
     Analyze(AnalyzeArgs),
+    /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
+    Backfill(BackfillArgs),
+    /// Pause, resume or change the rates of a running backfill (through its state directory).
+    Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// Where checkpoints live (default: .rekey/<plan file stem>).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BackfillArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Write budget for the target, WCU per second.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Write limit for any one target partition-key value, WCU per second (a partition takes 1,000).
+    #[arg(long, value_name = "WCU", default_value_t = 300)]
+    pub key_write_rate: u32,
+    /// Writes in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Rejected items, with reasons, as JSON lines (default: <state dir>/rejects.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
+    /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Hold all reads and writes until --resume.
+    #[arg(long, conflicts_with = "resume")]
+    pub pause: bool,
+    #[arg(long)]
+    pub resume: bool,
+    /// New read ceiling, RCU per second.
+    #[arg(long, value_name = "RCU")]
+    pub read_rate: Option<f64>,
+    /// New write ceiling, WCU per second.
+    #[arg(long, value_name = "WCU")]
+    pub write_rate: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -3,11 +3,13 @@
 
 use crate::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::aws::Clients;
+use crate::backfill::{self, BackfillOptions};
 use crate::cli::{Cli, Command, ReportArgs, exit};
+use crate::control::ControlFile;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
 use crate::rejects::RejectsFile;
-use crate::{check, demo};
+use crate::{check, demo, state};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
     AnalyzeOptions {
@@ -75,6 +77,95 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 print!("{}", analyze::render::render(&report));
             }
+            Ok(exit::OK)
+        }
+        Command::Backfill(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let opts = BackfillOptions {
+                rejects: a
+                    .rejects
+                    .clone()
+                    .unwrap_or_else(|| state_dir.join("rejects.jsonl")),
+                state_dir,
+                segments: a.scan.segments,
+                page_limit: a.scan.page_size,
+                read_rate: a.scan.read_rate,
+                write_rate: a.write_rate,
+                key_write_rate: a.key_write_rate,
+                concurrency: a.concurrency,
+                max_retries: 10,
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let progress = Progress::new(mode(a.json));
+            let report = backfill::run(&clients, &plan, &opts, &progress).await?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                let t = &report.totals;
+                println!(
+                    "backfill {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+                    report.source_table,
+                    report.target_table,
+                    t.scanned,
+                    t.written,
+                    t.rejected,
+                    t.skipped,
+                    if report.resumed {
+                        format!(" (this run: {} scanned)", report.this_run.scanned)
+                    } else {
+                        String::new()
+                    }
+                );
+                if t.rejected > 0 {
+                    println!(
+                        "  rejects ({} collisions) are in {}",
+                        t.collisions, report.rejects_file
+                    );
+                }
+                println!(
+                    "  {:.0} RCU, {:.0} WCU consumed in {:.1} s; {} write and {} read throttles {:?}",
+                    report.consumed_rcu,
+                    report.consumed_wcu,
+                    report.elapsed_seconds,
+                    report.throttles.write_throttles,
+                    report.throttles.read_throttles,
+                    report.throttles.reasons
+                );
+            }
+            Ok(exit::OK)
+        }
+        Command::Control(a) => {
+            // The plan must load: controlling a migration of a broken plan is a mistake.
+            Plan::load(&a.plan)?;
+            let dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let mut file = ControlFile::read(&dir)?;
+            if a.pause {
+                file.paused = true;
+            }
+            if a.resume {
+                file.paused = false;
+            }
+            if a.read_rate.is_some() {
+                file.read_rate = a.read_rate;
+            }
+            if a.write_rate.is_some() {
+                file.write_rate = a.write_rate;
+            }
+            file.write(&dir)?;
+            println!(
+                "{}: {}",
+                ControlFile::path(&dir).display(),
+                serde_json::to_string(&file)?
+            );
             Ok(exit::OK)
         }
         Command::Demo(a) => {

@@ -19,32 +19,47 @@
 //!   name the table, endpoint or IAM action.
 //! * [`scan`] — parallel segmented Scan, page by page, under a [`rate`] budget.
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
+//! * [`state`] — owns sled: the per-plan state directory, checkpoints,
+//!   the plan fingerprint.
 //! * [`spill`] — external sort-aggregate: exact counts over more keys than fit
 //!   in memory.
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
+//! * [`backfill`] — the copy: Scan → transform → conditional puts, checkpointed;
+//!   [`control`] pauses it and changes its rates while it runs.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
-//! * [`local`] — starts AWS's DynamoDB Local for tests and the demo.
+//! * [`export`] — reads DynamoDB S3 exports (manifest, gzip DynamoDB JSON),
+//!   streaming, from S3 or a local copy.
+//! * [`local`], [`s3local`] — start AWS's DynamoDB Local and moto's S3 server
+//!   for tests and the demo.
+//! * [`proxy`] — the throttling and fault proxy tests put in front of
+//!   DynamoDB Local, which never throttles by itself.
 //! * [`demo`] — the skewed demo table and its analysis.
 //! * [`cli`], [`commands`] — arguments, dispatch, exit codes.
 
 pub mod analyze;
 pub mod aws;
+pub mod backfill;
 pub mod bucket;
 pub mod check;
 pub mod cli;
 pub mod commands;
+pub mod control;
 pub mod demo;
+pub mod export;
 pub mod hash;
 pub mod itemfile;
 pub mod local;
 pub mod plan;
 pub mod progress;
+pub mod proxy;
 pub mod rate;
 pub mod rejects;
+pub mod s3local;
 pub mod scan;
 pub mod spill;
+pub mod state;
 pub mod template;
 pub mod transform;
 pub mod value;

@@ -5,7 +5,7 @@
 //! `--json` or `--quiet` nothing at all, so stdout stays machine-readable.
 
 use std::io::IsTerminal;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -16,15 +16,19 @@ pub enum ProgressMode {
     Quiet,
 }
 
+/// Cheap to clone: clones share one display.
+#[derive(Clone)]
 pub struct Progress {
     mode: ProgressMode,
     tty: bool,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 struct State {
     bar: Option<ProgressBar>,
     label: String,
+    /// Rates, throttles, rejects: whatever the running command reports.
+    message: String,
     started: Instant,
     last_line: Instant,
     units: f64,
@@ -38,13 +42,14 @@ impl Progress {
         Progress {
             mode,
             tty: std::io::stderr().is_terminal(),
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 bar: None,
                 label: String::new(),
+                message: String::new(),
                 started: now,
                 last_line: now,
                 units: 0.0,
-            }),
+            })),
         }
     }
 
@@ -54,6 +59,7 @@ impl Progress {
         s.started = Instant::now();
         s.last_line = s.started;
         s.units = 0.0;
+        s.message.clear();
         if self.mode == ProgressMode::Quiet || !self.tty {
             return;
         }
@@ -96,6 +102,15 @@ impl Progress {
                 items as f64 / secs
             );
         }
+    }
+
+    /// Replace the status text shown after the counts.
+    pub fn message(&self, text: String) {
+        if self.mode == ProgressMode::Quiet {
+            return;
+        }
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.message = text;
     }
 
     pub fn finish(&self) {

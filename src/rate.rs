@@ -8,22 +8,25 @@
 //! callers wait, which is what adaptive throttling needs and why this is not a
 //! fixed-quota `governor` limiter (governor serves the fixed per-key limits).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
+use serde::Serialize;
+use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
+
+use crate::aws::AwsError;
+use crate::write::{backoff, jitter};
 
 #[derive(Debug)]
 pub struct Budget {
-    state: Option<Mutex<Bucket>>,
+    state: Mutex<Bucket>,
 }
 
 #[derive(Debug)]
 struct Bucket {
-    rate: f64,
-    /// At most one second of unused budget is saved up, so an idle spell is
-    /// not followed by a burst at many times the rate.
-    capacity: f64,
+    /// None: unlimited.
+    rate: Option<f64>,
     tokens: f64,
     last: Instant,
 }
@@ -31,7 +34,11 @@ struct Bucket {
 impl Bucket {
     fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + dt * self.rate).min(self.capacity);
+        if let Some(rate) = self.rate {
+            // At most one second of unused budget is saved up, so an idle spell
+            // is not followed by a burst at many times the rate.
+            self.tokens = (self.tokens + dt * rate).min(rate);
+        }
         self.last = now;
     }
 }
@@ -40,33 +47,27 @@ impl Budget {
     /// `None`: unlimited.
     pub fn new(units_per_second: Option<f64>) -> Budget {
         Budget {
-            state: units_per_second.filter(|r| *r > 0.0).map(|rate| {
-                Mutex::new(Bucket {
-                    rate,
-                    capacity: rate,
-                    tokens: 0.0,
-                    last: Instant::now(),
-                })
+            state: Mutex::new(Bucket {
+                rate: units_per_second.filter(|r| *r > 0.0),
+                tokens: 0.0,
+                last: Instant::now(),
             }),
         }
     }
 
     pub fn unlimited() -> Budget {
-        Budget { state: None }
+        Budget::new(None)
     }
 
     /// Wait until the budget is out of debt. Call before a request.
     pub async fn ready(&self) {
         loop {
-            let wait = match &self.state {
-                None => return,
-                Some(m) => {
-                    let mut b = m.lock().await;
-                    b.refill(Instant::now());
-                    if b.tokens >= 0.0 {
-                        return;
-                    }
-                    Duration::from_secs_f64(-b.tokens / b.rate)
+            let wait = {
+                let mut b = self.state.lock().await;
+                b.refill(Instant::now());
+                match b.rate {
+                    Some(rate) if b.tokens < 0.0 => Duration::from_secs_f64(-b.tokens / rate),
+                    _ => return,
                 }
             };
             tokio::time::sleep(wait).await;
@@ -75,29 +76,180 @@ impl Budget {
 
     /// Record what a request consumed.
     pub async fn spend(&self, units: f64) {
-        if let Some(m) = &self.state {
-            let mut b = m.lock().await;
-            b.refill(Instant::now());
+        let mut b = self.state.lock().await;
+        b.refill(Instant::now());
+        if b.rate.is_some() {
             b.tokens -= units;
         }
     }
 
     pub async fn rate(&self) -> Option<f64> {
-        match &self.state {
-            None => None,
-            Some(m) => Some(m.lock().await.rate),
-        }
+        self.state.lock().await.rate
     }
 
     /// Change the rate; waiting callers see it at their next check.
     pub async fn set_rate(&self, rate: f64) {
-        if let Some(m) = &self.state {
-            let mut b = m.lock().await;
-            b.refill(Instant::now());
-            b.rate = rate.max(0.1);
-            b.capacity = b.rate;
-            b.tokens = b.tokens.min(b.capacity);
+        let mut b = self.state.lock().await;
+        b.refill(Instant::now());
+        let rate = rate.max(0.1);
+        b.rate = Some(rate);
+        b.tokens = b.tokens.min(rate);
+    }
+}
+
+/// A run's rate control: read and write budgets that adapt to throttling,
+/// pausing, and what was throttled and why.
+///
+/// Adaptation is AIMD, as TCP does it: a throttle cuts the rate to 70 % (at
+/// most once per half second, so a burst of rejections from many in-flight
+/// requests counts as one signal); every second without a throttle adds 5 % of
+/// the operator's ceiling back. The rate never exceeds the ceiling the
+/// operator set and never drops below 1 % of it.
+pub struct Control {
+    pub read: Budget,
+    pub write: Budget,
+    inner: Mutex<ControlState>,
+    paused: watch::Sender<bool>,
+}
+
+struct ControlState {
+    read_ceiling: Option<f64>,
+    write_ceiling: Option<f64>,
+    last_read_cut: Option<Instant>,
+    last_write_cut: Option<Instant>,
+    last_throttle: Option<Instant>,
+    stats: ThrottleStats,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ThrottleStats {
+    pub read_throttles: u64,
+    pub write_throttles: u64,
+    /// DynamoDB's ThrottlingReasons, counted (`TableWriteKeyRangeThroughputExceeded`, …).
+    pub reasons: BTreeMap<String, u64>,
+}
+
+const CUT: f64 = 0.7;
+const CUT_EVERY: Duration = Duration::from_millis(500);
+const RAISE: f64 = 0.05;
+
+impl Control {
+    pub fn new(read_rate: Option<f64>, write_rate: Option<f64>) -> Control {
+        Control {
+            read: Budget::new(read_rate),
+            write: Budget::new(write_rate),
+            inner: Mutex::new(ControlState {
+                read_ceiling: read_rate,
+                write_ceiling: write_rate,
+                last_read_cut: None,
+                last_write_cut: None,
+                last_throttle: None,
+                stats: ThrottleStats::default(),
+            }),
+            paused: watch::channel(false).0,
         }
+    }
+
+    async fn wait_unpaused(&self) {
+        let mut rx = self.paused.subscribe();
+        // An error means the sender is gone, which cannot happen while self lives.
+        let _ = rx.wait_for(|p| !*p).await;
+    }
+
+    pub async fn wait_read(&self) {
+        self.wait_unpaused().await;
+        self.read.ready().await;
+    }
+
+    pub async fn wait_write(&self) {
+        self.wait_unpaused().await;
+        self.write.ready().await;
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// New ceilings from the operator; the current rate moves to them.
+    pub async fn set_ceilings(&self, read: Option<f64>, write: Option<f64>) {
+        let mut s = self.inner.lock().await;
+        if let Some(r) = read {
+            s.read_ceiling = Some(r);
+            self.read.set_rate(r).await;
+        }
+        if let Some(w) = write {
+            s.write_ceiling = Some(w);
+            self.write.set_rate(w).await;
+        }
+    }
+
+    async fn throttled(&self, write: bool, e: &AwsError, attempt: u32) {
+        let now = Instant::now();
+        {
+            let mut guard = self.inner.lock().await;
+            let s = &mut *guard;
+            s.last_throttle = Some(now);
+            if write {
+                s.stats.write_throttles += 1;
+            } else {
+                s.stats.read_throttles += 1;
+            }
+            if let AwsError::Throttled { reasons, code, .. } = e {
+                if reasons.is_empty() {
+                    *s.stats.reasons.entry(code.clone()).or_default() += 1;
+                }
+                for r in reasons {
+                    *s.stats.reasons.entry(r.clone()).or_default() += 1;
+                }
+            }
+            let (last, ceiling, budget) = if write {
+                (&mut s.last_write_cut, s.write_ceiling, &self.write)
+            } else {
+                (&mut s.last_read_cut, s.read_ceiling, &self.read)
+            };
+            if last.is_none_or(|t| now.duration_since(t) >= CUT_EVERY) {
+                *last = Some(now);
+                if let (Some(ceiling), Some(rate)) = (ceiling, budget.rate().await) {
+                    budget.set_rate((rate * CUT).max(ceiling * 0.01)).await;
+                }
+            }
+        }
+        tokio::time::sleep(backoff(attempt, jitter())).await;
+    }
+
+    /// Record a throttled read, cut the read rate, and back off.
+    pub async fn read_throttled(&self, e: &AwsError) {
+        self.throttled(false, e, 2).await;
+    }
+
+    /// Record a throttled write (its `attempt`-th retry), cut the write rate, and back off.
+    pub async fn write_throttled(&self, e: &AwsError, attempt: u32) {
+        self.throttled(true, e, attempt).await;
+    }
+
+    /// Additive increase; call once a second.
+    pub async fn tick(&self) {
+        let s = self.inner.lock().await;
+        if s.last_throttle
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        for (ceiling, budget) in [(s.read_ceiling, &self.read), (s.write_ceiling, &self.write)] {
+            if let (Some(c), Some(r)) = (ceiling, budget.rate().await)
+                && r < c
+            {
+                budget.set_rate((r + c * RAISE).min(c)).await;
+            }
+        }
+    }
+
+    pub async fn stats(&self) -> ThrottleStats {
+        self.inner.lock().await.stats.clone()
     }
 }
 
@@ -145,5 +297,73 @@ mod tests {
         assert!((0.99..=1.01).contains(&t), "{t}");
         assert_eq!(b.rate().await, Some(100.0));
         Budget::unlimited().ready().await;
+    }
+
+    fn throttle(reason: &str) -> AwsError {
+        AwsError::Throttled {
+            action: "PutItem".into(),
+            resource: "t".into(),
+            code: "ProvisionedThroughputExceededException".into(),
+            detail: String::new(),
+            reasons: vec![reason.into()],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttles_cut_the_rate_once_per_burst_and_quiet_seconds_restore_it() {
+        let c = Control::new(None, Some(1000.0));
+        // Ten rejections at once are one congestion signal.
+        for _ in 0..10 {
+            c.write.set_rate(c.write.rate().await.unwrap()).await; // no-op; keeps the clock still
+        }
+        let e = throttle("TableWriteKeyRangeThroughputExceeded");
+        let mut joins = Vec::new();
+        for i in 0..10 {
+            let c = &c;
+            let e = &e;
+            joins.push(async move { c.write_throttled(e, i).await });
+        }
+        futures::future::join_all(joins).await;
+        assert_eq!(c.write.rate().await, Some(700.0));
+        let stats = c.stats().await;
+        assert_eq!(stats.write_throttles, 10);
+        assert_eq!(stats.reasons["TableWriteKeyRangeThroughputExceeded"], 10);
+        // Repeated throttling keeps cutting, but never below 1 % of the ceiling.
+        for _ in 0..40 {
+            tokio::time::sleep(CUT_EVERY).await;
+            c.write_throttled(&e, 0).await;
+        }
+        assert_eq!(c.write.rate().await, Some(10.0));
+        // Quiet seconds add 5 % of the ceiling each, up to the ceiling.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..30 {
+            c.tick().await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert_eq!(c.write.rate().await, Some(1000.0));
+        assert_eq!(
+            c.read.rate().await,
+            None,
+            "an unlimited read budget stays unlimited"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_holds_callers_until_resumed() {
+        let c = std::sync::Arc::new(Control::new(None, None));
+        c.set_paused(true);
+        let c2 = c.clone();
+        let waiter = tokio::spawn(async move {
+            c2.wait_write().await;
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiter.is_finished());
+        let resumed_at = Instant::now();
+        c.set_paused(false);
+        assert!(waiter.await.unwrap() >= resumed_at);
+        c.set_ceilings(Some(50.0), Some(60.0)).await;
+        assert_eq!(c.read.rate().await, Some(50.0));
+        assert_eq!(c.write.rate().await, Some(60.0));
     }
 }

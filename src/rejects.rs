@@ -38,6 +38,37 @@ impl RejectsFile {
         })
     }
 
+    /// Open for a resumed run: everything past `committed` bytes was written
+    /// for pages whose checkpoint never landed, and will be written again.
+    pub fn open_truncated(path: &Path, committed: u64) -> anyhow::Result<RejectsFile> {
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open rejects file {}", path.display()))?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len > committed {
+            f.set_len(committed)
+                .with_context(|| format!("cannot truncate rejects file {}", path.display()))?;
+        }
+        Ok(RejectsFile {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+            written: 0,
+        })
+    }
+
+    /// Flush to the OS and return the file's length: what a checkpoint records.
+    pub fn flush_len(&mut self) -> anyhow::Result<u64> {
+        self.out
+            .flush()
+            .with_context(|| format!("cannot write rejects file {}", self.path.display()))?;
+        let f = self.out.get_ref();
+        f.sync_data()
+            .with_context(|| format!("cannot sync rejects file {}", self.path.display()))?;
+        Ok(f.metadata().map(|m| m.len()).unwrap_or(0))
+    }
+
     pub fn write(&mut self, item: &Item, reason: &str) -> anyhow::Result<()> {
         serde_json::to_writer(&mut self.out, &Line { reason, item })
             .map_err(std::io::Error::from)

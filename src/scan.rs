@@ -1,20 +1,20 @@
 //! Parallel segmented Scan under a read budget, streamed page by page.
 //!
-//! Each segment is a task that reads one page, hands it to the consumer
-//! through a bounded channel and only then reads the next: memory holds at most
-//! `segments + channel capacity` pages whatever the table's size. The page
+//! Each segment is a task that reads one page, hands it to the page handler
+//! and only then reads the next: memory holds at most one page per segment
+//! whatever the table's size. The page
 //! carries the key to resume after it, so a consumer that checkpoints a segment
 //! only once a page's work is done can restart from exactly there.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, Select};
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::aws::{AwsError, Clients, from_sdk_item};
-use crate::rate::Budget;
+use crate::aws::{Clients, from_sdk_item};
+use crate::rate::Control;
 use crate::value::Item;
 
 pub type StartKey = HashMap<String, AttributeValue>;
@@ -47,16 +47,22 @@ pub struct Page {
     pub consumed: f64,
 }
 
-/// Scan `opts.table`, sending pages to `tx`. `starts` has one entry per segment
-/// (empty means all from the beginning). Returns when every segment is done or
-/// the receiver hung up.
-pub async fn scan(
+/// Scan `opts.table`, handing each page to `on_page` and reading the
+/// segment's next page only once `on_page` has returned: a handler that
+/// checkpoints the page's `next` key after its work is done therefore never
+/// records a position past unfinished work. `starts` has one entry per
+/// segment (empty means all from the beginning).
+pub async fn scan<F, Fut>(
     clients: &Clients,
     opts: &ScanOptions,
     starts: Vec<SegmentStart>,
-    budget: Arc<Budget>,
-    tx: mpsc::Sender<Page>,
-) -> Result<(), AwsError> {
+    control: Arc<Control>,
+    on_page: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Page) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
     let segments = opts.segments.max(1);
     let mut tasks = JoinSet::new();
     for segment in 0..segments {
@@ -69,11 +75,15 @@ pub async fn scan(
             SegmentStart::Beginning => None,
             SegmentStart::After(k) => Some(k),
         };
-        let (clients, opts, budget, tx) =
-            (clients.clone(), opts.clone(), budget.clone(), tx.clone());
+        let (clients, opts, control, on_page) = (
+            clients.clone(),
+            opts.clone(),
+            control.clone(),
+            on_page.clone(),
+        );
         tasks.spawn(async move {
             loop {
-                budget.ready().await;
+                control.wait_read().await;
                 let out = clients
                     .dynamodb
                     .scan()
@@ -87,12 +97,21 @@ pub async fn scan(
                     .set_exclusive_start_key(next.take())
                     .send()
                     .await
-                    .map_err(|e| clients.error("Scan", &opts.table, e))?;
+                    .map_err(|e| clients.error("Scan", &opts.table, e));
+                let out = match out {
+                    Ok(o) => o,
+                    Err(e) if e.is_throttle() => {
+                        // The read side adapts too: a throttled Scan slows every segment.
+                        control.read_throttled(&e).await;
+                        continue;
+                    }
+                    Err(e) => return Err(anyhow::Error::new(e)),
+                };
                 let consumed = out
                     .consumed_capacity()
                     .and_then(|c| c.capacity_units())
                     .unwrap_or(0.0);
-                budget.spend(consumed).await;
+                control.read.spend(consumed).await;
                 let raw = out.items.unwrap_or_default();
                 let mut items = Vec::with_capacity(raw.len());
                 let mut unreadable = 0;
@@ -102,27 +121,31 @@ pub async fn scan(
                         None => unreadable += 1,
                     }
                 }
-                next = out.last_evaluated_key.filter(|k| !k.is_empty());
-                let done = next.is_none();
-                let page = Page {
+                let resume_after = out.last_evaluated_key.filter(|k| !k.is_empty());
+                next = resume_after.clone();
+                on_page(Page {
                     segment,
                     items,
                     unreadable,
-                    next: next.clone(),
+                    next: resume_after,
                     consumed,
-                };
-                if tx.send(page).await.is_err() || done {
-                    return Ok::<(), AwsError>(());
+                })
+                .await?;
+                if next.is_none() {
+                    return anyhow::Ok(());
                 }
             }
         });
     }
-    drop(tx);
     while let Some(r) = tasks.join_next().await {
         match r {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(join) => std::panic::resume_unwind(join.into_panic()),
+            Ok(Err(e)) => {
+                tasks.abort_all();
+                return Err(e);
+            }
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => {}
         }
     }
     Ok(())

@@ -21,9 +21,9 @@ use tokio::sync::mpsc;
 use crate::aws::Clients;
 use crate::plan::Plan;
 use crate::progress::Progress;
-use crate::rate::Budget;
+use crate::rate::Control;
 use crate::rejects::RejectsFile;
-use crate::scan::{self, ScanOptions};
+use crate::scan::{self, Page, ScanOptions};
 use crate::spill::{
     Aggregate, Claimants, ExternalAggregator, SpillError, SpillOptions, get_varint, put_varint,
 };
@@ -604,10 +604,21 @@ pub async fn run(
         consistent_read: false,
     };
     progress.start("analyze", Some(info.item_count));
-    let (tx, mut rx) = mpsc::channel(segments as usize * 2);
-    let budget = Arc::new(Budget::new(scan_settings.read_rate));
+    let (tx, mut rx) = mpsc::channel::<Page>(segments as usize * 2);
+    let control = Arc::new(Control::new(scan_settings.read_rate, None));
     let mut analyzer = Analyzer::new(plan, opts, rejects)?;
-    let scanning = scan::scan(clients, &scan_opts, Vec::new(), budget, tx);
+    // Pages go through a channel to the one analyzer: the aggregates are not shared.
+    let scanning = async move {
+        scan::scan(clients, &scan_opts, Vec::new(), control, move |page| {
+            let tx = tx.clone();
+            async move {
+                tx.send(page)
+                    .await
+                    .map_err(|_| anyhow::anyhow!("analyzer stopped"))
+            }
+        })
+        .await
+    };
     let consuming = async {
         while let Some(page) = rx.recv().await {
             analyzer.add_unreadable(page.unreadable);
@@ -620,8 +631,8 @@ pub async fn run(
         anyhow::Ok(())
     };
     let (scanned, consumed) = tokio::join!(scanning, consuming);
-    scanned?;
     consumed?;
+    scanned?;
     progress.finish();
     analyzer.finish()
 }

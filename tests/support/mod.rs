@@ -122,3 +122,107 @@ pub fn s(text: &str) -> rekey::value::Value {
 pub fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
+
+impl TestEnv {
+    /// Every item of a table, through a plain Scan.
+    pub async fn scan_all(&self, table: &str) -> Vec<Item> {
+        let mut out = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .clients
+                .dynamodb
+                .scan()
+                .table_name(table)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "scan {table}: {}",
+                        aws_smithy_types::error::display::DisplayErrorContext(&e)
+                    )
+                });
+            for it in page.items.unwrap_or_default() {
+                out.push(rekey::aws::from_sdk_item(it).expect("known types"));
+            }
+            match page.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return out,
+            }
+        }
+    }
+
+    /// The target as a map from its key to the item.
+    pub async fn table_map(
+        &self,
+        table: &str,
+        key: &[&str],
+    ) -> std::collections::BTreeMap<Vec<u8>, Item> {
+        self.scan_all(table)
+            .await
+            .into_iter()
+            .map(|i| {
+                (
+                    rekey::value::encode_key(&i, key).expect("key attributes"),
+                    i,
+                )
+            })
+            .collect()
+    }
+}
+
+/// What the target must hold: transform(source), keyed by target key.
+pub fn expected_target(
+    plan: &rekey::plan::Plan,
+    source: &[Item],
+) -> std::collections::BTreeMap<Vec<u8>, Item> {
+    let names = plan.target_key.names();
+    source
+        .iter()
+        .filter_map(|i| match rekey::transform::transform(plan, i) {
+            rekey::transform::Outcome::Put { item, .. } => {
+                Some((rekey::value::encode_key(&item, &names).unwrap(), item))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A cheap reproducible random sequence for kill points and workloads.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn from_time() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        eprintln!("random seed {seed}");
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// `rekey ARGS` as a child process, to be killed.
+pub fn spawn_rekey(args: &[&str], endpoint: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_rekey"))
+        .args(args)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_MAX_ATTEMPTS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn rekey")
+}

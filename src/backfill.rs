@@ -1,0 +1,512 @@
+//! `rekey backfill`: copy every existing source item into the target, in the
+//! new key shape, at the capacity the operator grants, resumable after kill -9.
+//!
+//! The data path: a parallel Scan (or an S3 export) yields pages; each item
+//! goes through the pure [`transform`]; each target key is claimed in the
+//! state store's on-disk index (a second source item claiming it is a
+//! collision: rejected, never written); the page's items are written with
+//! BatchWriteItem, interleaved across target keys and paced per key; when
+//! every write of a page is acknowledged, the page's resume point, the
+//! counters and the rejects file's length are committed in one batch.
+//!
+//! Backfill writes are plain puts of the image the Scan read. They may be
+//! older than the source by the time they land; the tail fixes that, because
+//! it applies every change made since before the backfill started, in order,
+//! and only after the backfill is complete (ARCHITECTURE.md, "Backfill and
+//! tail converge").
+//!
+//! Invariant: for every page committed, scanned = written + rejected +
+//! skipped, counted once (counters move only with their page's checkpoint,
+//! and the rejects file is truncated back to the committed length on resume).
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::stream::{self, StreamExt};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::aws::{Clients, from_sdk_item};
+use crate::cli::InputError;
+use crate::control::ControlFile;
+use crate::plan::{Mode, Plan};
+use crate::progress::Progress;
+use crate::rate::{Control, ThrottleStats};
+use crate::rejects::RejectsFile;
+use crate::scan::{self, Page, ScanOptions, SegmentStart, StartKey};
+use crate::state::{Phase, StateStore};
+use crate::transform::{Outcome, transform};
+use crate::value::{Item, Value, decode_key, encode_key, item_size, write_units};
+use crate::write::{BATCH, write_batch};
+
+#[derive(Debug, Clone)]
+pub struct BackfillOptions {
+    pub state_dir: PathBuf,
+    pub rejects: PathBuf,
+    /// Scan segments; fixed by the first run (resume points belong to a segment count).
+    pub segments: Option<u32>,
+    pub page_limit: Option<i32>,
+    /// RCU/s for the Scan; None: unlimited.
+    pub read_rate: Option<f64>,
+    /// WCU/s for the target.
+    pub write_rate: f64,
+    /// WCU/s for any one target partition-key value.
+    pub key_write_rate: u32,
+    /// Writes in flight at once.
+    pub concurrency: usize,
+    /// Consecutive non-throttle failures of one write before the run stops.
+    pub max_retries: u32,
+}
+
+/// Counters committed with each checkpoint.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counters {
+    pub scanned: u64,
+    pub written: u64,
+    pub rejected: u64,
+    pub skipped: u64,
+    /// Rejects that were collisions: another source item holds the target key.
+    pub collisions: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.scanned += o.scanned;
+        self.written += o.written;
+        self.rejected += o.rejected;
+        self.skipped += o.skipped;
+        self.collisions += o.collisions;
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SegState {
+    Pending,
+    /// Resume after this key (DynamoDB JSON).
+    After(Item),
+    Done,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillReport {
+    pub source_table: String,
+    pub target_table: String,
+    pub segments: u32,
+    /// Totals over every run of this migration.
+    pub totals: Counters,
+    /// What this run did (less than the totals after a resume).
+    pub this_run: Counters,
+    pub resumed: bool,
+    pub consumed_rcu: f64,
+    pub consumed_wcu: f64,
+    pub throttles: ThrottleStats,
+    pub elapsed_seconds: f64,
+    pub rejects_file: String,
+}
+
+const KEY_SEGMENTS: &str = "backfill/segments";
+const KEY_COUNTERS: &str = "backfill/counters";
+const KEY_REJECTS_LEN: &str = "backfill/rejects_len";
+const KEY_PHASE: &str = "backfill/phase";
+
+fn seg_key(n: u32) -> String {
+    format!("backfill/seg/{n:05}")
+}
+
+/// Per written item: its index in the page, and why it was refused, if it was.
+type Refusals = Vec<(usize, Option<String>)>;
+
+/// The write side: batches under the table budget and a per-key limit.
+struct Writer {
+    clients: Clients,
+    table: String,
+    pk_name: String,
+    control: Arc<Control>,
+    per_key: DefaultKeyedRateLimiter<String>,
+    key_burst: u32,
+    concurrency: usize,
+    max_retries: u32,
+    consumed_wcu: Mutex<f64>,
+}
+
+impl Writer {
+    /// Write items (distinct target keys) in batches of 25, interleaved across
+    /// target keys and paced per key: a Scan returns items clustered by the old
+    /// key, and each old key fans out to few new ones. Returns, per item, None
+    /// (written) or why DynamoDB refused it.
+    async fn write(&self, items: Vec<Item>) -> anyhow::Result<Vec<Option<String>>> {
+        let n = items.len();
+        let mut by_key: HashMap<String, Vec<(usize, Item)>> = HashMap::new();
+        for (i, it) in items.into_iter().enumerate() {
+            let pk = it
+                .get(&self.pk_name)
+                .map(Value::display_text)
+                .unwrap_or_default();
+            by_key.entry(pk).or_default().push((i, it));
+        }
+        let mut queues: Vec<(String, std::vec::IntoIter<(usize, Item)>)> = by_key
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter()))
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        while !queues.is_empty() {
+            queues.retain_mut(|(k, q)| match q.next() {
+                Some((i, it)) => {
+                    order.push((k.clone(), i, it));
+                    true
+                }
+                None => false,
+            });
+        }
+        let mut batches: Vec<Vec<(String, usize, Item)>> = Vec::new();
+        for x in order {
+            match batches.last_mut() {
+                Some(b) if b.len() < BATCH => b.push(x),
+                _ => batches.push(vec![x]),
+            }
+        }
+        let results: Vec<anyhow::Result<Refusals>> = stream::iter(batches)
+            .map(|batch| async move {
+                for (pk, _, it) in &batch {
+                    let wcu = write_units(item_size(it)) as u32;
+                    let cells =
+                        NonZeroU32::new(wcu.clamp(1, self.key_burst)).unwrap_or(NonZeroU32::MIN);
+                    let _ = self.per_key.until_key_n_ready(pk, cells).await;
+                }
+                let (idx, its): (Vec<usize>, Vec<Item>) =
+                    batch.into_iter().map(|(_, i, it)| (i, it)).unzip();
+                let r = write_batch(
+                    &self.clients,
+                    &self.table,
+                    &its,
+                    &self.control,
+                    self.max_retries,
+                )
+                .await?;
+                *self.consumed_wcu.lock().await += r.consumed;
+                Ok(idx.into_iter().zip(r.refused).collect())
+            })
+            .buffer_unordered(self.concurrency)
+            .collect()
+            .await;
+        let mut out = vec![None; n];
+        for r in results {
+            for (i, refused) in r.context("backfill write failed")? {
+                out[i] = refused;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Shared state of a run: counters, rejects file, checkpoint commits.
+struct Ledger {
+    store: StateStore,
+    totals: Counters,
+    this_run: Counters,
+    rejects: RejectsFile,
+}
+
+impl Ledger {
+    /// Commit one page: its rejects, counters and resume point, atomically.
+    fn commit(
+        &mut self,
+        key: &str,
+        state: &SegState,
+        page: &Counters,
+        rejects: &[(Item, String)],
+    ) -> anyhow::Result<()> {
+        for (item, reason) in rejects {
+            self.rejects.write(item, reason)?;
+        }
+        let len = self.rejects.flush_len()?;
+        self.totals.add(page);
+        self.this_run.add(page);
+        self.store.put_batch(&[
+            (key, serde_json::to_value(state)?),
+            (KEY_COUNTERS, serde_json::to_value(self.totals)?),
+            (KEY_REJECTS_LEN, serde_json::to_value(len)?),
+        ])?;
+        self.store.flush()?;
+        Ok(())
+    }
+}
+
+fn start_key_to_item(k: &StartKey) -> Item {
+    from_sdk_item(k.clone()).unwrap_or_default()
+}
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &BackfillOptions,
+    progress: &Progress,
+) -> anyhow::Result<BackfillReport> {
+    if plan.mode == Mode::InPlace {
+        return Err(InputError(format!(
+            "{}: source and target are the same table; the in-place backfill (UpdateItem of the computed attributes only) is not built yet",
+            plan.path.display()
+        ))
+        .into());
+    }
+    let started = Instant::now();
+    let source = clients.describe_table(&plan.source_table).await?;
+    source.check_key(&plan.source_key, "source")?;
+    let target = clients.describe_table(&plan.target_table).await?;
+    target.check_key(&plan.target_key, "target")?;
+
+    let store = StateStore::open(&opts.state_dir, plan)?;
+    let segments = match store.get::<u32>(KEY_SEGMENTS)? {
+        Some(n) => n,
+        None => {
+            let n = opts
+                .segments
+                .unwrap_or_else(|| scan::default_segments(source.size_bytes, 4));
+            store.put(KEY_SEGMENTS, &n)?;
+            store.flush()?;
+            n
+        }
+    };
+    let totals: Counters = store.get(KEY_COUNTERS)?.unwrap_or_default();
+    let resumed = store.get::<Phase>(KEY_PHASE)?.is_some();
+    store.put(KEY_PHASE, &Phase::Backfilling)?;
+    let mut starts = Vec::with_capacity(segments as usize);
+    for n in 0..segments {
+        starts.push(match store.get::<SegState>(&seg_key(n))? {
+            None | Some(SegState::Pending) => SegmentStart::Beginning,
+            Some(SegState::After(k)) => SegmentStart::After(crate::aws::to_sdk_item(&k)),
+            Some(SegState::Done) => SegmentStart::Done,
+        });
+    }
+    // Lines written for pages that were in flight at a crash are not committed: cut them.
+    let committed_len: u64 = store.get(KEY_REJECTS_LEN)?.unwrap_or(0);
+    let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
+
+    let control = Arc::new(Control::new(opts.read_rate, Some(opts.write_rate)));
+    let key_rate = NonZeroU32::new(opts.key_write_rate.max(1)).unwrap_or(NonZeroU32::MIN);
+    // A small burst keeps any one second of a key's writes near the rate: at most
+    // rate + burst, well under the partition's 1,000 WCU/s at the default.
+    let key_burst = NonZeroU32::new((opts.key_write_rate / 4).max(1)).unwrap_or(NonZeroU32::MIN);
+    let writer = Arc::new(Writer {
+        clients: clients.clone(),
+        table: plan.target_table.clone(),
+        pk_name: plan.target_key.partition_key.name.clone(),
+        control: control.clone(),
+        per_key: RateLimiter::keyed(Quota::per_second(key_rate).allow_burst(key_burst)),
+        key_burst: key_burst.get(),
+        concurrency: opts.concurrency.max(1),
+        max_retries: opts.max_retries,
+        consumed_wcu: Mutex::new(0.0),
+    });
+    let ledger = Arc::new(Mutex::new(Ledger {
+        store,
+        totals,
+        this_run: Counters::default(),
+        rejects,
+    }));
+    let consumed_rcu = Arc::new(Mutex::new(0.0f64));
+    let live_items = Arc::new(AtomicU64::new(totals.scanned));
+
+    progress.start("backfill", Some(source.item_count));
+    let ticker = {
+        let (control, writer, ledger, dir) = (
+            control.clone(),
+            writer.clone(),
+            ledger.clone(),
+            opts.state_dir.clone(),
+        );
+        let live = live_items.clone();
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut control_file = ControlFile::watcher(&dir);
+            let mut last_wcu = 0.0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                control.tick().await;
+                control_file.apply(&control).await;
+                writer.per_key.retain_recent();
+                let wcu = *writer.consumed_wcu.lock().await;
+                let stats = control.stats().await;
+                let (rejected, written) = {
+                    let l = ledger.lock().await;
+                    (l.totals.rejected, l.totals.written)
+                };
+                progress.message(format!(
+                    "{:.0} WCU/s (limit {:.0}), written {written}, rejects {rejected}, throttles {}{}",
+                    wcu - last_wcu,
+                    control.write.rate().await.unwrap_or(0.0),
+                    stats.write_throttles + stats.read_throttles,
+                    if control.is_paused() { ", PAUSED" } else { "" }
+                ));
+                last_wcu = wcu;
+                progress.update(live.load(Ordering::Relaxed), 0.0);
+            }
+        })
+    };
+
+    let plan_arc = Arc::new(plan.clone());
+    let scan_opts = ScanOptions {
+        table: plan.source_table.clone(),
+        segments,
+        page_limit: opts.page_limit,
+        consistent_read: false,
+    };
+    let result = scan::scan(clients, &scan_opts, starts, control.clone(), {
+        let (writer, ledger, plan, consumed_rcu, live) = (
+            writer.clone(),
+            ledger.clone(),
+            plan_arc.clone(),
+            consumed_rcu.clone(),
+            live_items.clone(),
+        );
+        move |page: Page| {
+            let (writer, ledger, plan, consumed_rcu, live) = (
+                writer.clone(),
+                ledger.clone(),
+                plan.clone(),
+                consumed_rcu.clone(),
+                live.clone(),
+            );
+            async move {
+                *consumed_rcu.lock().await += page.consumed;
+                let (counts, rejects) = process_page(&writer, &ledger, &plan, &page.items).await?;
+                let mut counts = counts;
+                counts.scanned += page.unreadable;
+                counts.rejected += page.unreadable;
+                live.fetch_add(counts.scanned, Ordering::Relaxed);
+                let state = match &page.next {
+                    Some(k) => SegState::After(start_key_to_item(k)),
+                    None => SegState::Done,
+                };
+                ledger
+                    .lock()
+                    .await
+                    .commit(&seg_key(page.segment), &state, &counts, &rejects)
+            }
+        }
+    })
+    .await;
+    ticker.abort();
+    let _ = ticker.await;
+    progress.finish();
+    result?;
+
+    let mut ledger = ledger.lock().await;
+    ledger.store.put(KEY_PHASE, &Phase::BackfillDone)?;
+    ledger.store.flush()?;
+    ledger.rejects.flush_len()?;
+    let consumed_wcu = *writer.consumed_wcu.lock().await;
+    let consumed_rcu = *consumed_rcu.lock().await;
+    Ok(BackfillReport {
+        source_table: plan.source_table.clone(),
+        target_table: plan.target_table.clone(),
+        segments,
+        totals: ledger.totals,
+        this_run: ledger.this_run,
+        resumed,
+        consumed_rcu,
+        consumed_wcu,
+        throttles: control.stats().await,
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+        rejects_file: opts.rejects.display().to_string(),
+    })
+}
+
+/// Transform, claim and write one page's items; returns its counters and rejects.
+async fn process_page(
+    writer: &Writer,
+    ledger: &Mutex<Ledger>,
+    plan: &Plan,
+    items: &[Item],
+) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+    let mut c = Counters {
+        scanned: items.len() as u64,
+        ..Default::default()
+    };
+    let mut rejects = Vec::new();
+    let mut puts = Vec::new();
+    let mut sources = Vec::new();
+    let target_names = plan.target_key.names();
+    let source_names = plan.source_key.names();
+    {
+        let l = ledger.lock().await;
+        for item in items {
+            match transform(plan, item) {
+                Outcome::Put { item: out, .. } => {
+                    let tk = encode_key(&out, &target_names).unwrap_or_default();
+                    let sk = encode_key(item, &source_names).unwrap_or_default();
+                    if let Some(other) = l.store.claim_target(&tk, &sk)? {
+                        c.rejected += 1;
+                        c.collisions += 1;
+                        rejects.push((
+                            item.clone(),
+                            format!(
+                                "collision: target key {} already belongs to source item {} — never overwritten",
+                                decode_key(&tk).join(" / "),
+                                decode_key(&other).join(" / ")
+                            ),
+                        ));
+                        continue;
+                    }
+                    puts.push(out);
+                    sources.push(item);
+                }
+                Outcome::Reject(r) => {
+                    c.rejected += 1;
+                    rejects.push((item.clone(), r.to_string()));
+                }
+                Outcome::Skip => c.skipped += 1,
+            }
+        }
+    }
+    for (refused, src) in writer.write(puts).await?.into_iter().zip(sources) {
+        match refused {
+            None => c.written += 1,
+            Some(reason) => {
+                c.rejected += 1;
+                rejects.push((src.clone(), reason));
+            }
+        }
+    }
+    Ok((c, rejects))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_up() {
+        let mut a = Counters {
+            scanned: 3,
+            written: 2,
+            rejected: 1,
+            skipped: 0,
+            collisions: 1,
+        };
+        a.add(&Counters {
+            scanned: 2,
+            skipped: 2,
+            ..Default::default()
+        });
+        assert_eq!(a.scanned, a.written + a.rejected + a.skipped);
+    }
+
+    #[test]
+    fn segment_states_round_trip_through_json() {
+        let mut k = Item::new();
+        k.insert("PK".into(), Value::S("a".into()));
+        for s in [SegState::Pending, SegState::After(k), SegState::Done] {
+            let j = serde_json::to_string(&s).unwrap();
+            let back: SegState = serde_json::from_str(&j).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), j);
+        }
+    }
+}

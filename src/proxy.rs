@@ -1,0 +1,1014 @@
+//! A throttling, fault-injecting HTTP proxy in front of DynamoDB Local.
+//!
+//! DynamoDB Local never throttles: it accepts any request rate, so rekey's
+//! rate limiting, retry and `UnprocessedItems` handling cannot be tested
+//! against it alone. Real DynamoDB refuses writes beyond ~1000 WCU/s and reads
+//! beyond ~3000 RCU/s per partition key value, and beyond the provisioned
+//! throughput per table. This proxy sits between the AWS SDK and DynamoDB
+//! Local and gives those answers itself, byte for byte as DynamoDB does:
+//!
+//! * single-item writes and reads that do not fit answer
+//!   `ProvisionedThroughputExceededException` with a `ThrottlingReasons`
+//!   entry naming the per-key (`…KeyRangeThroughputExceeded`) or per-table
+//!   (`…ProvisionedThroughputExceeded`) limit, without reaching DynamoDB Local;
+//! * `BatchWriteItem` / `BatchGetItem` forward the part that fits and return
+//!   the rest as `UnprocessedItems` / `UnprocessedKeys`;
+//! * `Scan` is charged after the fact to the table's read bucket; the next
+//!   scan is refused while the bucket is in debt.
+//!
+//! Limits are token buckets (refill at the rate, capacity rate × burst
+//! seconds, starting full). It also injects faults (HTTP 500s, connections
+//! dropped without an answer, latency) from a deterministic SplitMix64 stream.
+//!
+//! Requests are forwarded with their bytes and headers unchanged (DynamoDB
+//! Local does not check SigV4 signatures, so neither the original `Host` nor a
+//! rewritten batch body is a problem); anything the proxy cannot parse is
+//! forwarded untouched and not accounted.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderValue};
+use hyper::http::request::Parts;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Deserialize;
+use serde_json::{Map, Value as Json, json};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::value::{self, Item, Value};
+
+const TARGET_PREFIX: &str = "DynamoDB_20120810.";
+const JSON_TYPE: &str = "application/x-amz-json-1.0";
+/// DynamoDB Local requires a well-formed SigV4 header but does not check it.
+const DUMMY_AUTH: &str = "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0";
+const THROTTLE_MESSAGE: &str = "The level of configured provisioned throughput for the table was exceeded. \
+     Consider increasing your provisioning level with the UpdateTable API.";
+/// Headers that describe one hop, not the message (`expect`: the proxy has
+/// already read the body).
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "expect",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+/// Idle per-key state is dropped once this many keys are tracked.
+const PRUNE_AT: usize = 100_000;
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// How the proxy limits and disturbs traffic.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// `http://127.0.0.1:PORT` of DynamoDB Local.
+    pub upstream: String,
+    /// Per partition-key value (table + hash key value), WCU/s (DynamoDB: 1000).
+    pub key_write_units: f64,
+    /// Per partition-key value, RCU/s (DynamoDB: 3000).
+    pub key_read_units: f64,
+    /// Per table, WCU/s; `None` = unlimited.
+    pub table_write_units: Option<f64>,
+    /// Per table, RCU/s; `None` = unlimited.
+    pub table_read_units: Option<f64>,
+    /// Bucket capacity = rate × burst_seconds (DynamoDB keeps ~300 s).
+    pub burst_seconds: f64,
+    pub faults: Faults,
+}
+
+/// Injected faults, drawn per request from a SplitMix64 stream seeded by `seed`.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Probability of answering HTTP 500 `InternalServerError` without forwarding.
+    pub error_500_ratio: f64,
+    /// Probability of closing the connection without answering.
+    pub reset_ratio: f64,
+    /// Delay added before each request is handled.
+    pub latency: Duration,
+    pub seed: u64,
+}
+
+/// What the proxy has seen so far.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ProxyStats {
+    /// Every request received, faults included.
+    pub requests: u64,
+    /// Requests refused in whole (throttle error) or in part (unprocessed items/keys).
+    pub throttled: u64,
+    pub errors_500: u64,
+    pub resets: u64,
+    /// WCU admitted (forwarded).
+    pub write_units: f64,
+    /// RCU admitted, plus what scans consumed.
+    pub read_units: f64,
+    /// The most WCU any single partition key value was sent in any 1-second
+    /// (sliding) window, counting every write the proxy received for it,
+    /// throttled ones included: a measure of the client's pacing. What is
+    /// admitted never exceeds rate × (1 + burst_seconds) in a window.
+    pub max_key_write_units_per_sec: f64,
+    /// WCU admitted per table.
+    pub per_table_write_units: BTreeMap<String, f64>,
+}
+
+/// A running proxy; dropping it stops it and closes its connections.
+pub struct Proxy {
+    endpoint: String,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Binds 127.0.0.1 on a free port and serves in a Tokio task.
+    pub async fn start(opts: ProxyOptions) -> anyhow::Result<Proxy> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let shared = Arc::new(Shared {
+            upstream: opts.upstream.trim_end_matches('/').to_string(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            rng: AtomicU64::new(opts.faults.seed),
+            faults: opts.faults,
+            schemas: Mutex::new(HashMap::new()),
+            state: Mutex::new(State {
+                limits: Limits {
+                    key_write: opts.key_write_units,
+                    key_read: opts.key_read_units,
+                    table_write: opts.table_write_units,
+                    table_read: opts.table_read_units,
+                    burst: opts.burst_seconds,
+                },
+                keys: HashMap::new(),
+                tables: HashMap::new(),
+                prune_at: PRUNE_AT,
+                stats: ProxyStats::default(),
+            }),
+        });
+        let task = tokio::spawn(serve(listener, Arc::clone(&shared)));
+        Ok(Proxy {
+            endpoint,
+            shared,
+            task,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    pub fn stats(&self) -> ProxyStats {
+        self.shared.state().stats.clone()
+    }
+
+    /// Changes the write limits while running; buckets keep their tokens
+    /// (capped to the new capacity).
+    pub fn set_limits(&self, key_write_units: f64, table_write_units: Option<f64>) {
+        let mut state = self.shared.state();
+        state.limits.key_write = key_write_units;
+        state.limits.table_write = table_write_units;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    // Owned by this task: aborting it drops every connection.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of file descriptors or similar: don't spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let shared = Arc::clone(&shared);
+                conns.spawn(async move {
+                    let service = hyper::service::service_fn(move |req| handle(Arc::clone(&shared), req));
+                    // A service error (an injected reset) ends the connection
+                    // without a response.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+}
+
+/// Returned by the service to make hyper drop the connection unanswered.
+#[derive(Debug, thiserror::Error)]
+#[error("connection dropped by the proxy")]
+struct Reset;
+
+struct Shared {
+    upstream: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    faults: Faults,
+    rng: AtomicU64,
+    /// Table name → name of its HASH key attribute.
+    schemas: Mutex<HashMap<String, String>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    key_write: f64,
+    key_read: f64,
+    table_write: Option<f64>,
+    table_read: Option<f64>,
+    burst: f64,
+}
+
+impl Limits {
+    /// Per-key and per-table rates for `kind`.
+    fn rates(&self, kind: Kind) -> (f64, Option<f64>) {
+        match kind {
+            Kind::Write => (self.key_write, self.table_write),
+            Kind::Read => (self.key_read, self.table_read),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Write,
+    Read,
+}
+
+/// Units one request (or one batch entry) wants from a table and, when its
+/// partition key is known, from that key.
+struct Charge {
+    table: String,
+    key: Option<Vec<u8>>,
+    units: f64,
+}
+
+struct Refused {
+    table: String,
+    reason: &'static str,
+}
+
+struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn refill(&mut self, rate: f64, burst: f64, now: Instant) {
+        if now <= self.last {
+            return; // time is only ever credited once
+        }
+        let elapsed = now.duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate * burst);
+        self.last = now;
+    }
+
+    /// A full bucket admits even a request bigger than its capacity and goes
+    /// into debt (an item larger than the burst must still get through, at
+    /// the rate on average). A zero rate admits nothing.
+    fn fits(&self, units: f64, rate: f64, burst: f64) -> bool {
+        let capacity = rate * burst;
+        self.tokens >= units || (capacity > 0.0 && self.tokens >= capacity)
+    }
+}
+
+/// The write and read buckets of a key or a table, created full when first used.
+#[derive(Default)]
+struct Buckets {
+    write: Option<Bucket>,
+    read: Option<Bucket>,
+}
+
+impl Buckets {
+    /// The bucket for `kind`, refilled to `now`.
+    fn get(&mut self, kind: Kind, rate: f64, burst: f64, now: Instant) -> &mut Bucket {
+        let slot = match kind {
+            Kind::Write => &mut self.write,
+            Kind::Read => &mut self.read,
+        };
+        let bucket = slot.get_or_insert_with(|| Bucket {
+            tokens: rate * burst,
+            last: now,
+        });
+        bucket.refill(rate, burst, now);
+        bucket
+    }
+}
+
+#[derive(Default)]
+struct KeyState {
+    buckets: Buckets,
+    /// Writes received in the last second, for `max_key_write_units_per_sec`.
+    recent: VecDeque<(Instant, f64)>,
+    recent_sum: f64,
+}
+
+impl KeyState {
+    /// Forgets writes older than a second.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(t, units)) = self.recent.front() {
+            if now.saturating_duration_since(t) < Duration::from_secs(1) {
+                break;
+            }
+            self.recent.pop_front();
+            self.recent_sum -= units;
+        }
+        if self.recent.is_empty() {
+            self.recent_sum = 0.0; // no float drift across windows
+        }
+    }
+
+    /// Records `units` received now; returns the units of the last second.
+    fn record(&mut self, units: f64, now: Instant) -> f64 {
+        self.expire(now);
+        self.recent.push_back((now, units));
+        self.recent_sum += units;
+        self.recent_sum
+    }
+}
+
+struct State {
+    limits: Limits,
+    keys: HashMap<(String, Vec<u8>), KeyState>,
+    tables: HashMap<String, Buckets>,
+    /// Key count at which idle keys are next pruned.
+    prune_at: usize,
+    stats: ProxyStats,
+}
+
+impl State {
+    /// Admits all of `charges` or none; on success the units are taken.
+    /// The clock is read under the lock, so buckets see time move forward.
+    fn admit(&mut self, kind: Kind, charges: &[Charge]) -> Result<(), Refused> {
+        let now = Instant::now();
+        let Limits { burst, .. } = self.limits;
+        let (key_rate, table_rate) = self.limits.rates(kind);
+        let mut per_key: HashMap<(String, Vec<u8>), f64> = HashMap::new();
+        let mut per_table: HashMap<String, f64> = HashMap::new();
+        for c in charges {
+            if let Some(key) = &c.key {
+                *per_key.entry((c.table.clone(), key.clone())).or_default() += c.units;
+            }
+            *per_table.entry(c.table.clone()).or_default() += c.units;
+        }
+
+        for (key, units) in &per_key {
+            let ks = self.keys.entry(key.clone()).or_default();
+            if kind == Kind::Write {
+                let sum = ks.record(*units, now);
+                let max = &mut self.stats.max_key_write_units_per_sec;
+                *max = max.max(sum);
+            }
+        }
+        for ((table, key), units) in &per_key {
+            let ks = self.keys.entry((table.clone(), key.clone())).or_default();
+            if !ks
+                .buckets
+                .get(kind, key_rate, burst, now)
+                .fits(*units, key_rate, burst)
+            {
+                return Err(refused(table, kind, true));
+            }
+        }
+        if let Some(rate) = table_rate {
+            for (table, units) in &per_table {
+                let b = self.tables.entry(table.clone()).or_default();
+                if !b.get(kind, rate, burst, now).fits(*units, rate, burst) {
+                    return Err(refused(table, kind, false));
+                }
+            }
+        }
+
+        for (key, units) in per_key {
+            let ks = self.keys.entry(key).or_default();
+            ks.buckets.get(kind, key_rate, burst, now).tokens -= units;
+        }
+        for (table, units) in per_table {
+            if let Some(rate) = table_rate {
+                let b = self.tables.entry(table.clone()).or_default();
+                b.get(kind, rate, burst, now).tokens -= units;
+            }
+            match kind {
+                Kind::Write => {
+                    self.stats.write_units += units;
+                    *self.stats.per_table_write_units.entry(table).or_default() += units;
+                }
+                Kind::Read => self.stats.read_units += units,
+            }
+        }
+        self.prune(now);
+        Ok(())
+    }
+
+    /// Forgets keys that are idle with full buckets (a new key is the same),
+    /// once there are many.
+    fn prune(&mut self, now: Instant) {
+        if self.keys.len() < self.prune_at {
+            return;
+        }
+        let l = self.limits;
+        let full =
+            |b: &mut Buckets, kind, rate| b.get(kind, rate, l.burst, now).tokens >= rate * l.burst;
+        self.keys.retain(|_, ks| {
+            ks.expire(now);
+            !(ks.recent.is_empty()
+                && full(&mut ks.buckets, Kind::Write, l.key_write)
+                && full(&mut ks.buckets, Kind::Read, l.key_read))
+        });
+        self.prune_at = PRUNE_AT.max(2 * self.keys.len());
+    }
+}
+
+fn refused(table: &str, kind: Kind, per_key: bool) -> Refused {
+    let reason = match (kind, per_key) {
+        (Kind::Write, true) => "TableWriteKeyRangeThroughputExceeded",
+        (Kind::Read, true) => "TableReadKeyRangeThroughputExceeded",
+        (Kind::Write, false) => "TableWriteProvisionedThroughputExceeded",
+        (Kind::Read, false) => "TableReadProvisionedThroughputExceeded",
+    };
+    Refused {
+        table: table.to_string(),
+        reason,
+    }
+}
+
+/// What to do with one parsed request.
+enum Plan {
+    Forward,
+    Throttle(Refused),
+    /// Forward `body` (the admitted part) and add `rest` to the answer's `field`.
+    Partial {
+        body: Vec<u8>,
+        field: &'static str,
+        rest: Map<String, Json>,
+    },
+    /// Forward, then charge what the scan read.
+    Scan {
+        table: String,
+        consistent: bool,
+    },
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Reset> {
+    shared.state().stats.requests += 1;
+    let f = &shared.faults;
+    if f.reset_ratio > 0.0 || f.error_500_ratio > 0.0 {
+        let draw = splitmix(&shared.rng);
+        if draw < f.reset_ratio {
+            shared.state().stats.resets += 1;
+            return Err(Reset);
+        }
+        if draw < f.reset_ratio + f.error_500_ratio {
+            shared.state().stats.errors_500 += 1;
+            return Ok(internal_error());
+        }
+    }
+    if !f.latency.is_zero() {
+        tokio::time::sleep(f.latency).await;
+    }
+
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(|_| Reset)?.to_bytes();
+    let op = parts
+        .headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.strip_prefix(TARGET_PREFIX))
+        .unwrap_or_default()
+        .to_string();
+    let plan = match serde_json::from_slice::<Json>(&body) {
+        Ok(json) if json.is_object() => shared.plan(&op, &json).await,
+        _ => Plan::Forward,
+    };
+
+    match plan {
+        Plan::Forward => shared.forward(&parts, body).await.map(stream),
+        Plan::Throttle(refused) => {
+            shared.state().stats.throttled += 1;
+            Ok(throttle_error(&refused))
+        }
+        Plan::Partial { body, field, rest } => {
+            shared.state().stats.throttled += 1;
+            let resp = shared.forward(&parts, body.into()).await?;
+            let (head, bytes) = collect(resp).await?;
+            let merged = (head.status == StatusCode::OK)
+                .then(|| merge_unprocessed(&bytes, field, rest))
+                .flatten();
+            Ok(rebuild(head, merged.map_or(bytes, Bytes::from)))
+        }
+        Plan::Scan { table, consistent } => {
+            let resp = shared.forward(&parts, body).await?;
+            let (head, bytes) = collect(resp).await?;
+            if head.status == StatusCode::OK {
+                let units = scan_units(&bytes, consistent);
+                let mut state = shared.state();
+                state.stats.read_units += units;
+                if let Some(rate) = state.limits.table_read {
+                    let burst = state.limits.burst;
+                    let b = state.tables.entry(table).or_default();
+                    b.get(Kind::Read, rate, burst, Instant::now()).tokens -= units;
+                }
+            }
+            Ok(rebuild(head, bytes))
+        }
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn plan(&self, op: &str, req: &Json) -> Plan {
+        let table = req
+            .get("TableName")
+            .and_then(Json::as_str)
+            .unwrap_or_default();
+        let single = |kind, charge: Option<Charge>| match charge {
+            Some(c) => match self.state().admit(kind, &[c]) {
+                Ok(()) => Plan::Forward,
+                Err(r) => Plan::Throttle(r),
+            },
+            None => Plan::Forward,
+        };
+        match op {
+            "PutItem" | "UpdateItem" | "DeleteItem" | "GetItem" | "Query" if !table.is_empty() => {
+                let hash = self.hash_key(table).await;
+                let hash = hash.as_deref();
+                match op {
+                    "PutItem" => single(Kind::Write, charge(table, hash, req.get("Item"), None)),
+                    "GetItem" => single(Kind::Read, charge(table, hash, req.get("Key"), Some(1.0))),
+                    "Query" => {
+                        // An index's partitions are not the table's.
+                        let hash = hash.filter(|_| req.get("IndexName").is_none());
+                        let value = hash.and_then(|h| query_hash_value(req, h));
+                        let key = hash.zip(value).and_then(|(h, v)| key_bytes(h, v));
+                        single(
+                            Kind::Read,
+                            Some(Charge {
+                                table: table.to_string(),
+                                key,
+                                units: 1.0,
+                            }),
+                        )
+                    }
+                    _ => single(Kind::Write, charge(table, hash, req.get("Key"), Some(1.0))),
+                }
+            }
+            "TransactWriteItems" => {
+                let Some(items) = req.get("TransactItems").and_then(Json::as_array) else {
+                    return Plan::Forward;
+                };
+                let mut charges = Vec::new();
+                for entry in items {
+                    let Some((kind, body)) = ["Put", "Update", "Delete"]
+                        .into_iter()
+                        .find_map(|k| Some((k, entry.get(k)?)))
+                    else {
+                        continue; // ConditionCheck: a read, not charged
+                    };
+                    let Some(t) = body.get("TableName").and_then(Json::as_str) else {
+                        continue;
+                    };
+                    let hash = self.hash_key(t).await;
+                    let (item, units) = match kind {
+                        "Put" => (body.get("Item"), None),
+                        _ => (body.get("Key"), Some(1.0)),
+                    };
+                    if let Some(mut c) = charge(t, hash.as_deref(), item, units) {
+                        c.units *= 2.0;
+                        charges.push(c);
+                    }
+                }
+                if charges.is_empty() {
+                    return Plan::Forward;
+                }
+                match self.state().admit(Kind::Write, &charges) {
+                    Ok(()) => Plan::Forward,
+                    Err(r) => Plan::Throttle(r),
+                }
+            }
+            "BatchWriteItem" => self.plan_batch(req, Kind::Write).await,
+            "BatchGetItem" => self.plan_batch(req, Kind::Read).await,
+            "Scan" if !table.is_empty() => {
+                let mut state = self.state();
+                let Limits {
+                    burst, table_read, ..
+                } = state.limits;
+                let b = state.tables.entry(table.to_string()).or_default();
+                if let Some(rate) = table_read
+                    && b.get(Kind::Read, rate, burst, Instant::now()).tokens < 0.0
+                {
+                    return Plan::Throttle(refused(table, Kind::Read, false));
+                }
+                let consistent = req.get("ConsistentRead").and_then(Json::as_bool) == Some(true);
+                Plan::Scan {
+                    table: table.to_string(),
+                    consistent,
+                }
+            }
+            "DeleteTable" => {
+                // It may come back with another key schema.
+                self.schemas
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(table);
+                Plan::Forward
+            }
+            _ => Plan::Forward,
+        }
+    }
+
+    /// Admits batch entries one by one while they fit; the rest is returned
+    /// unprocessed, as DynamoDB does.
+    async fn plan_batch(&self, req: &Json, kind: Kind) -> Plan {
+        let Some(tables) = req.get("RequestItems").and_then(Json::as_object) else {
+            return Plan::Forward;
+        };
+        let mut hashes = HashMap::new();
+        for table in tables.keys() {
+            hashes.insert(table.clone(), self.hash_key(table).await);
+        }
+        let mut admitted = Map::new();
+        let mut rest = Map::new();
+        let mut first_refusal = None;
+        let mut state = self.state();
+        for (table, entries) in tables {
+            let hash = hashes.get(table).and_then(Option::as_deref);
+            // BatchWriteItem: [{PutRequest|DeleteRequest}]; BatchGetItem: {Keys: [..], ..}.
+            let list = match kind {
+                Kind::Write => entries.as_array(),
+                Kind::Read => entries.get("Keys").and_then(Json::as_array),
+            };
+            let Some(list) = list else {
+                return Plan::Forward;
+            };
+            let (mut ok, mut no) = (Vec::new(), Vec::new());
+            for entry in list {
+                let charge = match kind {
+                    Kind::Write => match (entry.get("PutRequest"), entry.get("DeleteRequest")) {
+                        (Some(p), _) => charge(table, hash, p.get("Item"), None),
+                        (_, Some(d)) => charge(table, hash, d.get("Key"), Some(1.0)),
+                        _ => None,
+                    },
+                    Kind::Read => charge(table, hash, Some(entry), Some(1.0)),
+                };
+                match charge.map(|c| state.admit(kind, &[c])) {
+                    Some(Err(r)) => {
+                        first_refusal.get_or_insert(r);
+                        no.push(entry.clone());
+                    }
+                    _ => ok.push(entry.clone()),
+                }
+            }
+            let wrap = |list: Vec<Json>| match kind {
+                Kind::Write => Json::Array(list),
+                Kind::Read => {
+                    let mut e = entries.clone();
+                    e["Keys"] = Json::Array(list);
+                    e
+                }
+            };
+            if !ok.is_empty() {
+                admitted.insert(table.clone(), wrap(ok));
+            }
+            if !no.is_empty() {
+                rest.insert(table.clone(), wrap(no));
+            }
+        }
+        drop(state);
+        match first_refusal {
+            None => Plan::Forward,
+            Some(r) if admitted.is_empty() => Plan::Throttle(r),
+            Some(_) => {
+                let mut body = req.clone();
+                body["RequestItems"] = Json::Object(admitted);
+                let Ok(body) = serde_json::to_vec(&body) else {
+                    return Plan::Forward;
+                };
+                let field = match kind {
+                    Kind::Write => "UnprocessedItems",
+                    Kind::Read => "UnprocessedKeys",
+                };
+                Plan::Partial { body, field, rest }
+            }
+        }
+    }
+
+    /// The table's HASH key name, from the cache or a DescribeTable of our own.
+    async fn hash_key(&self, table: &str) -> Option<String> {
+        if let Some(h) = self
+            .schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(table)
+        {
+            return Some(h.clone());
+        }
+        let body = serde_json::to_vec(&json!({ "TableName": table })).ok()?;
+        let req = Request::post(format!("{}/", self.upstream))
+            .header(CONTENT_TYPE, JSON_TYPE)
+            .header("x-amz-target", format!("{TARGET_PREFIX}DescribeTable"))
+            .header("x-amz-date", "20260101T000000Z")
+            .header("authorization", DUMMY_AUTH)
+            .body(Full::new(Bytes::from(body)))
+            .ok()?;
+        let resp = self.client.request(req).await.ok()?;
+        if resp.status() != StatusCode::OK {
+            return None; // no such table (yet): not cached
+        }
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        let desc: Json = serde_json::from_slice(&bytes).ok()?;
+        let hash = desc["Table"]["KeySchema"]
+            .as_array()?
+            .iter()
+            .find(|k| k["KeyType"] == "HASH")?["AttributeName"]
+            .as_str()?
+            .to_string();
+        let mut schemas = self.schemas.lock().unwrap_or_else(|e| e.into_inner());
+        schemas.insert(table.to_string(), hash.clone());
+        Some(hash)
+    }
+
+    /// Sends the request upstream with its headers unchanged (Host included).
+    async fn forward(&self, parts: &Parts, body: Bytes) -> Result<Response<Incoming>, Reset> {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = Request::new(Full::new(body.clone()));
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = format!("{}{path}", self.upstream)
+            .parse()
+            .map_err(|_| Reset)?;
+        *req.headers_mut() = parts.headers.clone();
+        strip_hop_by_hop(req.headers_mut());
+        // Only changes when a batch was cut down.
+        req.headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        // An unanswered request stays unanswered: the client sees a dropped connection.
+        self.client.request(req).await.map_err(|_| Reset)
+    }
+}
+
+/// The charge of one item or key: `units`, or (None) the item's size in WCU.
+fn charge(
+    table: &str,
+    hash: Option<&str>,
+    item: Option<&Json>,
+    units: Option<f64>,
+) -> Option<Charge> {
+    let item = Item::deserialize(item?).ok()?;
+    Some(Charge {
+        table: table.to_string(),
+        key: hash.and_then(|h| value::encode_key(&item, &[h])),
+        units: units.unwrap_or_else(|| value::write_units(value::item_size(&item)) as f64),
+    })
+}
+
+fn key_bytes(hash: &str, value: &Json) -> Option<Vec<u8>> {
+    let item = Item::from([(hash.to_string(), Value::deserialize(value).ok()?)]);
+    value::encode_key(&item, &[hash])
+}
+
+/// The partition key value a Query asks for: `KeyConditions`, or the
+/// `<hash> = :v` term of `KeyConditionExpression`.
+fn query_hash_value<'a>(req: &'a Json, hash: &str) -> Option<&'a Json> {
+    if let Some(v) = req.pointer(&format!("/KeyConditions/{hash}/AttributeValueList/0")) {
+        return Some(v);
+    }
+    let expr = req.get("KeyConditionExpression")?.as_str()?;
+    let names = req.get("ExpressionAttributeNames");
+    let values = req.get("ExpressionAttributeValues")?;
+    let resolve = |t: &str| match t.starts_with('#') {
+        true => names.and_then(|n| n.get(t)).and_then(Json::as_str) == Some(hash),
+        false => t == hash,
+    };
+    let not_ident = |c: char| !(c.is_alphanumeric() || "_#:.-".contains(c));
+    for (i, _) in expr.match_indices('=') {
+        if expr[..i].ends_with(['<', '>', '!']) {
+            continue;
+        }
+        let left = expr[..i]
+            .trim_end()
+            .rsplit(not_ident)
+            .next()
+            .unwrap_or_default();
+        let right = expr[i + 1..]
+            .trim_start()
+            .split(not_ident)
+            .next()
+            .unwrap_or_default();
+        for (name, val) in [(left, right), (right, left)] {
+            if val.starts_with(':') && resolve(name) {
+                return values.get(val);
+            }
+        }
+    }
+    None
+}
+
+/// RCU a Scan answer consumed: its ConsumedCapacity, else 4 KB steps of the
+/// items read (half for eventually consistent reads).
+fn scan_units(body: &[u8], consistent: bool) -> f64 {
+    let Ok(json) = serde_json::from_slice::<Json>(body) else {
+        return 0.0;
+    };
+    if let Some(units) = json
+        .pointer("/ConsumedCapacity/CapacityUnits")
+        .and_then(Json::as_f64)
+    {
+        return units;
+    }
+    let bytes: usize = json["Items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| Item::deserialize(i).ok())
+                .map(|i| value::item_size(&i))
+                .sum()
+        })
+        .unwrap_or(0);
+    let units = bytes.div_ceil(4096).max(1) as f64;
+    if consistent { units } else { units / 2.0 }
+}
+
+/// Adds what the proxy kept back to the answer's `UnprocessedItems`/`Keys`.
+fn merge_unprocessed(body: &[u8], field: &str, rest: Map<String, Json>) -> Option<Vec<u8>> {
+    let mut answer: Json = serde_json::from_slice(body).ok()?;
+    let slot = answer
+        .as_object_mut()?
+        .entry(field)
+        .or_insert_with(|| json!({}));
+    let tables = slot.as_object_mut()?;
+    for (table, ours) in rest {
+        match (tables.get_mut(&table), ours) {
+            (Some(Json::Array(theirs)), Json::Array(ours)) => theirs.extend(ours),
+            (Some(theirs), Json::Object(ours)) if theirs["Keys"].is_array() => {
+                if let (Some(Json::Array(keys)), Some(Json::Array(more))) =
+                    (theirs.get_mut("Keys"), ours.get("Keys"))
+                {
+                    keys.extend(more.iter().cloned());
+                }
+            }
+            (_, ours) => {
+                tables.insert(table, ours);
+            }
+        }
+    }
+    serde_json::to_vec(&answer).ok()
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Streams the upstream answer back.
+fn stream(resp: Response<Incoming>) -> Response<Body> {
+    let mut resp = resp.map(BodyExt::boxed);
+    strip_hop_by_hop(resp.headers_mut());
+    resp
+}
+
+async fn collect(resp: Response<Incoming>) -> Result<(hyper::http::response::Parts, Bytes), Reset> {
+    let (head, body) = resp.into_parts();
+    let bytes = body.collect().await.map_err(|_| Reset)?.to_bytes();
+    Ok((head, bytes))
+}
+
+/// The upstream head with a (possibly rewritten) body.
+fn rebuild(mut head: hyper::http::response::Parts, body: Bytes) -> Response<Body> {
+    strip_hop_by_hop(&mut head.headers);
+    head.headers
+        .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    // Real DynamoDB's checksum (Local sends none) would no longer match.
+    head.headers.remove("x-amz-crc32");
+    Response::from_parts(head, full(body))
+}
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+/// SplitMix64 over an atomic state, as a float in [0, 1).
+fn splitmix(state: &AtomicU64) -> f64 {
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut z = state
+        .fetch_add(GAMMA, Ordering::Relaxed)
+        .wrapping_add(GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A DynamoDB error answer; `body` is JSON.
+fn error_answer(status: StatusCode, error_type: &'static str, body: String) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(JSON_TYPE));
+    headers.insert("x-amzn-errortype", HeaderValue::from_static(error_type));
+    headers.insert("x-amzn-requestid", HeaderValue::from_static("rekey-proxy"));
+    resp
+}
+
+/// DynamoDB's throttle answer, fields in DynamoDB's order.
+fn throttle_error(r: &Refused) -> Response<Body> {
+    let resource = match r.table.starts_with("arn:") {
+        true => r.table.clone(),
+        false => format!("arn:aws:dynamodb:us-east-1:000000000000:table/{}", r.table),
+    };
+    let reasons = json!([{ "reason": r.reason, "resource": resource }]);
+    let body = format!(
+        r#"{{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"{THROTTLE_MESSAGE}","ThrottlingReasons":{reasons}}}"#
+    );
+    let error_type = "ProvisionedThroughputExceededException";
+    error_answer(StatusCode::BAD_REQUEST, error_type, body)
+}
+
+fn internal_error() -> Response<Body> {
+    let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"Internal server error"}"#;
+    error_answer(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "InternalServerError",
+        body.into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_refills_at_rate_up_to_capacity() {
+        let t0 = Instant::now();
+        let mut buckets = Buckets::default();
+        let b = buckets.get(Kind::Write, 10.0, 2.0, t0);
+        assert_eq!(b.tokens, 20.0);
+        b.tokens = 0.0;
+        b.refill(10.0, 2.0, t0 + Duration::from_millis(500));
+        assert!((b.tokens - 5.0).abs() < 1e-9);
+        b.refill(10.0, 2.0, t0 + Duration::from_secs(60));
+        assert_eq!(b.tokens, 20.0);
+        assert!(
+            b.fits(25.0, 10.0, 2.0),
+            "a full bucket admits an oversized item"
+        );
+        b.tokens = 19.0;
+        assert!(!b.fits(25.0, 10.0, 2.0), "only a full one");
+        assert!(
+            !Buckets::default()
+                .get(Kind::Read, 0.0, 1.0, t0)
+                .fits(1.0, 0.0, 1.0),
+            "a zero rate admits nothing"
+        );
+    }
+
+    #[test]
+    fn query_key_condition_is_found() {
+        let req = json!({
+            "KeyConditionExpression": "#p = :v AND begins_with(SK, :s)",
+            "ExpressionAttributeNames": {"#p": "PK"},
+            "ExpressionAttributeValues": {":v": {"S": "a"}, ":s": {"S": "b"}},
+        });
+        assert_eq!(query_hash_value(&req, "PK"), Some(&json!({"S": "a"})));
+        let req = json!({"KeyConditionExpression": "SK >= :s and :v=PK",
+            "ExpressionAttributeValues": {":v": {"N": "1"}, ":s": {"S": "b"}}});
+        assert_eq!(query_hash_value(&req, "PK"), Some(&json!({"N": "1"})));
+    }
+
+    #[test]
+    fn splitmix_is_deterministic_and_uniform_enough() {
+        let (a, b) = (AtomicU64::new(7), AtomicU64::new(7));
+        let xs: Vec<f64> = (0..1000).map(|_| splitmix(&a)).collect();
+        assert!(
+            xs.iter()
+                .all(|&x| x == splitmix(&b) && (0.0..1.0).contains(&x))
+        );
+        let below = xs.iter().filter(|&&x| x < 0.5).count();
+        assert!((400..600).contains(&below), "{below}");
+    }
+}

@@ -1,0 +1,548 @@
+//! Start a real S3 server (moto's `moto_server`) on this machine.
+//!
+//! The export reader's tests need a real S3 endpoint: a mock of the SDK would
+//! not catch signing, path-style addressing, streaming bodies or error codes.
+//! moto (<https://github.com/getmoto/moto>) implements S3's HTTP API in
+//! Python; `pip install 'moto[server]'` provides `moto_server`. It keeps
+//! everything in memory and accepts any credentials. A client for it needs
+//! path-style addressing: see the example in [`crate::export`]'s docs.
+//!
+//! [`S3Local::start`] runs one instance on a free port of 127.0.0.1
+//! (`moto_server -H 127.0.0.1 -p PORT`) and waits until it answers a
+//! `ListBuckets`; dropping the value kills it. Like DynamoDB Local in
+//! `local.rs`, the server can never outlive the process that started it, not
+//! even when that process is killed with SIGKILL: see [`spawn_owned`].
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Environment variable naming the `moto_server` executable.
+pub const SERVER_ENV: &str = "REKEY_MOTO_SERVER";
+/// Where the project's install puts it, relative to the repository root.
+const INSTALL_PATH: &str = ".tools/venv/bin/moto_server";
+const PROGRAM: &str = "moto_server";
+
+/// How long [`S3Local::start`] waits for the server to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+const OUTPUT_LINES: usize = 40;
+const MAX_LINE: usize = 1000;
+/// How long `drop` waits for the killed server to be reaped.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to start the server.
+#[derive(Debug, Clone, Default)]
+pub struct S3LocalOptions {
+    /// The `moto_server` executable; `None` searches for it, see
+    /// [`S3Local::find_server`].
+    pub server: Option<PathBuf>,
+    /// Port to listen on (on 127.0.0.1); `None` picks a free one.
+    pub port: Option<u16>,
+}
+
+/// Why the server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum S3LocalError {
+    #[error(
+        "moto_server is not installed: not found at {}; install it with \
+         `python3 -m venv .tools/venv && .tools/venv/bin/pip install 'moto[server]'` \
+         (or set {SERVER_ENV} to its path)",
+        .searched.join(", ")
+    )]
+    NotInstalled { searched: Vec<String> },
+    #[error("could not run {}: {source}", .program.display())]
+    Spawn { program: PathBuf, source: io::Error },
+    #[error("cannot start moto_server on port {port} of 127.0.0.1: {source}")]
+    PortInUse { port: u16, source: io::Error },
+    #[error(
+        "moto_server at {endpoint} did not answer within {waited:?}; its last output:\n{output}"
+    )]
+    NotReady {
+        endpoint: String,
+        waited: Duration,
+        output: String,
+    },
+    #[error("moto_server exited before it was ready ({status}); its last output:\n{output}")]
+    Exited { status: String, output: String },
+}
+
+/// A running moto S3 server; dropping it kills the server.
+pub struct S3Local {
+    endpoint: String,
+    port: u16,
+    pid: u32,
+    shared: Arc<Shared>,
+    owner: Option<std::thread::JoinHandle<()>>,
+}
+
+impl fmt::Debug for S3Local {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Local")
+            .field("endpoint", &self.endpoint)
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Local {
+    /// Finds `moto_server`. In order: `explicit`; else the environment
+    /// variable `REKEY_MOTO_SERVER`; else `.tools/venv/bin/moto_server` in
+    /// the current directory or one of its ancestors (nearest first), then
+    /// in the directory this crate was compiled from or its ancestors; else
+    /// `moto_server` on `PATH`. An explicit path or the environment variable
+    /// that names no file is an error, not a reason to look elsewhere.
+    pub fn find_server(explicit: Option<&Path>) -> Result<PathBuf, S3LocalError> {
+        let check = |p: &Path| {
+            if is_executable(p) {
+                Ok(p.to_path_buf())
+            } else {
+                Err(S3LocalError::NotInstalled {
+                    searched: vec![p.display().to_string()],
+                })
+            }
+        };
+        if let Some(p) = explicit {
+            return check(p);
+        }
+        if let Some(p) = std::env::var_os(SERVER_ENV).filter(|p| !p.is_empty()) {
+            return check(Path::new(&p));
+        }
+        let mut roots: Vec<PathBuf> = Vec::new();
+        if let Ok(cwd) = std::env::current_dir() {
+            roots.extend(cwd.ancestors().map(Path::to_path_buf));
+        }
+        roots.extend(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .map(Path::to_path_buf),
+        );
+        search(&roots, std::env::var_os("PATH"))
+    }
+
+    /// Starts a server on 127.0.0.1 with default options.
+    pub async fn start() -> Result<S3Local, S3LocalError> {
+        Self::start_with(&S3LocalOptions::default()).await
+    }
+
+    /// Starts a server and waits (up to 60 s) until it answers `ListBuckets`.
+    /// Needs a Tokio runtime with `net` and `time`; the server is not tied to
+    /// the runtime and the value may be dropped anywhere.
+    pub async fn start_with(opts: &S3LocalOptions) -> Result<S3Local, S3LocalError> {
+        let program = Self::find_server(opts.server.as_deref())?;
+        // A free port found by binding port 0 may be taken before moto binds
+        // it; with a port of our choosing, try again.
+        let attempts = if opts.port.is_some() { 1 } else { 3 };
+        let mut attempt = 1;
+        loop {
+            let port = match opts.port {
+                Some(port) => {
+                    if let Err(source) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                        return Err(S3LocalError::PortInUse { port, source });
+                    }
+                    port
+                }
+                None => free_port().map_err(|source| S3LocalError::Spawn {
+                    program: program.clone(),
+                    source,
+                })?,
+            };
+            match start_on(&program, port).await {
+                Err(S3LocalError::Exited { output, .. })
+                    if attempt < attempts && output.contains("Address already in use") =>
+                {
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, for the SDK's `endpoint_url`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+}
+
+impl Drop for S3Local {
+    fn drop(&mut self) {
+        self.shared.kill(self.pid);
+        if self.shared.wait_reaped(REAP_TIMEOUT)
+            && let Some(owner) = self.owner.take()
+        {
+            let _ = owner.join();
+        }
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    p.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn search(roots: &[PathBuf], path_var: Option<OsString>) -> Result<PathBuf, S3LocalError> {
+    let mut searched: Vec<String> = Vec::new();
+    for root in roots {
+        let candidate = root.join(INSTALL_PATH);
+        let shown = candidate.display().to_string();
+        if searched.contains(&shown) {
+            continue;
+        }
+        searched.push(shown);
+        if is_executable(&candidate) {
+            return Ok(candidate);
+        }
+    }
+    if let Some(path_var) = path_var {
+        for dir in std::env::split_paths(&path_var) {
+            let candidate = dir.join(PROGRAM);
+            if is_executable(&candidate) {
+                return Ok(candidate);
+            }
+        }
+    }
+    searched.push(format!("{PROGRAM} on PATH"));
+    Err(S3LocalError::NotInstalled { searched })
+}
+
+fn free_port() -> io::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+async fn start_on(program: &Path, port: u16) -> Result<S3Local, S3LocalError> {
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut cmd = Command::new(program);
+    cmd.arg("-H")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let shared = Arc::new(Shared::default());
+    let (pid, owner) = spawn_owned(cmd, Arc::clone(&shared))
+        .await
+        .map_err(|source| S3LocalError::Spawn {
+            program: program.to_path_buf(),
+            source,
+        })?;
+    // From here on, dropping `local` kills the server, whatever happens.
+    let local = S3Local {
+        endpoint,
+        port,
+        pid,
+        shared,
+        owner: Some(owner),
+    };
+
+    let started = Instant::now();
+    let mut exited_at: Option<Instant> = None;
+    loop {
+        if let Some(status) = local.shared.lock().status.clone() {
+            let since = *exited_at.get_or_insert_with(Instant::now);
+            if local.shared.lock().open_readers == 0 || since.elapsed() > Duration::from_secs(1) {
+                return Err(S3LocalError::Exited {
+                    status,
+                    output: local.shared.output(),
+                });
+            }
+        } else if probe(port).await {
+            return Ok(local);
+        } else if started.elapsed() >= READY_TIMEOUT {
+            return Err(S3LocalError::NotReady {
+                endpoint: local.endpoint.clone(),
+                waited: started.elapsed(),
+                output: local.shared.output(),
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// One readiness probe: an anonymous `GET /` (S3 ListBuckets) gets an HTTP
+/// answer that is not a server error. moto accepts unsigned requests.
+async fn probe(port: u16) -> bool {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let request =
+            format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut head = Vec::with_capacity(12);
+        let mut buf = [0u8; 64];
+        while head.len() < 12 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        io::Result::Ok(head)
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
+        Ok(Ok(head)) => {
+            head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
+        }
+        _ => false,
+    }
+}
+
+/// Spawns `cmd` so that it dies with this process, even on SIGKILL; returns
+/// its pid and the thread that owns it.
+///
+/// As in `local.rs`: the child gets `PR_SET_PDEATHSIG = SIGKILL`, which fires
+/// when the THREAD that forked it exits, so it is spawned from a dedicated
+/// thread that then waits for it and lives exactly as long as it does. That
+/// thread first waits without reaping (`WNOWAIT`), records the exit, then
+/// reaps: [`Shared::kill`] checks the record under the same lock, so it never
+/// signals a reused pid. Two more threads drain stdout and stderr.
+async fn spawn_owned(
+    mut cmd: Command,
+    shared: Arc<Shared>,
+) -> io::Result<(u32, std::thread::JoinHandle<()>)> {
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (prctl, getppid), allocating nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+
+    let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel::<io::Result<u32>>();
+    let owner = std::thread::Builder::new()
+        .name("moto-server".into())
+        .spawn(move || {
+            let mut child = match cmd.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    let _ = spawned_tx.send(Err(e));
+                    return;
+                }
+            };
+            let pid = child.id();
+            let mut readers = 0;
+            if let Some(out) = child.stdout.take() {
+                readers += spawn_reader(out, &shared);
+            }
+            if let Some(err) = child.stderr.take() {
+                readers += spawn_reader(err, &shared);
+            }
+            shared.lock().open_readers += readers;
+            if spawned_tx.send(Ok(pid)).is_err() {
+                // `start` was cancelled: nobody owns this server. Not yet
+                // reaped, so the pid is still the child's.
+                // SAFETY: plain syscall.
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+
+            wait_exited_no_reap(pid);
+            shared.lock().exited = true;
+            let status = match child.wait() {
+                Ok(status) => status.to_string(),
+                Err(e) => format!("could not wait for it: {e}"),
+            };
+            shared.lock().status = Some(status);
+            shared.cond.notify_all();
+        })?;
+
+    match spawned_rx.await {
+        Ok(Ok(pid)) => Ok((pid, owner)),
+        Ok(Err(e)) => {
+            let _ = owner.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = owner.join();
+            Err(io::Error::other("the thread spawning moto_server panicked"))
+        }
+    }
+}
+
+/// Blocks until child `pid` has exited, without reaping it.
+fn wait_exited_no_reap(pid: u32) {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid only writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+fn spawn_reader(pipe: impl Read + Send + 'static, shared: &Arc<Shared>) -> usize {
+    let shared = Arc::clone(shared);
+    let reader = move || {
+        let mut pipe = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match pipe.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => shared.push_line(&line),
+            }
+        }
+        shared.lock().open_readers -= 1;
+    };
+    match std::thread::Builder::new()
+        .name("moto-server-output".into())
+        .spawn(reader)
+    {
+        Ok(_) => 1,
+        Err(_) => 0,
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Notified when `status` is set.
+    cond: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// The server has exited (maybe not reaped yet): never signal its pid.
+    exited: bool,
+    /// How it ended, once reaped.
+    status: Option<String>,
+    output: VecDeque<String>,
+    open_readers: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push_line(&self, line: &[u8]) {
+        let mut line = String::from_utf8_lossy(line).trim_end().to_string();
+        if line.len() > MAX_LINE {
+            let mut cut = MAX_LINE;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push_str(" […]");
+        }
+        let mut state = self.lock();
+        if state.output.len() == OUTPUT_LINES {
+            state.output.pop_front();
+        }
+        state.output.push_back(line);
+    }
+
+    fn output(&self) -> String {
+        let state = self.lock();
+        if state.output.is_empty() {
+            return "(no output)".to_string();
+        }
+        let lines: Vec<&str> = state.output.iter().map(String::as_str).collect();
+        lines.join("\n")
+    }
+
+    fn kill(&self, pid: u32) {
+        let state = self.lock();
+        if !state.exited {
+            // SAFETY: plain syscall; the pid is still ours (not reaped).
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+
+    fn wait_reaped(&self, timeout: Duration) -> bool {
+        let state = self.lock();
+        match self
+            .cond
+            .wait_timeout_while(state, timeout, |s| s.status.is_none())
+        {
+            Ok((state, _)) => state.status.is_some(),
+            Err(poisoned) => poisoned.into_inner().0.status.is_some(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_prefers_the_nearest_install_then_path() {
+        let base = tempfile::tempdir().unwrap();
+        let (near, far, bin) = (
+            base.path().join("a/b"),
+            base.path().join("a"),
+            base.path().join("bin"),
+        );
+        let install = |root: &Path| {
+            let p = root.join(INSTALL_PATH);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let far_install = install(&far);
+        std::fs::create_dir_all(&near).unwrap();
+        assert_eq!(
+            search(&[near.clone(), far.clone()], None).unwrap(),
+            far_install
+        );
+        let near_install = install(&near);
+        assert_eq!(search(&[near.clone(), far], None).unwrap(), near_install);
+
+        std::fs::create_dir_all(&bin).unwrap();
+        let on_path = bin.join(PROGRAM);
+        std::fs::write(&on_path, "#!/bin/sh\n").unwrap();
+        // Not executable: skipped.
+        let path_var = std::env::join_paths([&bin]).unwrap();
+        let err = search(&[base.path().join("none")], Some(path_var.clone())).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("moto_server on PATH") && msg.contains(".tools/venv/bin/moto_server"),
+            "{msg}"
+        );
+        std::fs::set_permissions(&on_path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            search(&[base.path().join("none")], Some(path_var)).unwrap(),
+            on_path
+        );
+    }
+}
