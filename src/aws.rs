@@ -103,6 +103,23 @@ impl AwsError {
     pub fn is_throttle(&self) -> bool {
         matches!(self, AwsError::Throttled { .. })
     }
+
+    /// Worth retrying: the network, or the service's own 5xx-class failures.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            AwsError::Unreachable { .. } | AwsError::Other { .. } => true,
+            AwsError::Service { code, .. } => {
+                matches!(
+                    code.as_str(),
+                    "InternalServerError"
+                        | "ServiceUnavailable"
+                        | "InternalFailure"
+                        | "RequestTimeout"
+                )
+            }
+            _ => false,
+        }
+    }
 }
 
 const THROTTLE_CODES: &[&str] = &[

@@ -74,6 +74,30 @@ impl Budget {
         }
     }
 
+    /// Take `units` now and wait until they are paid for: for requests whose
+    /// cost is known beforehand (writes), so that many concurrent callers are
+    /// spaced out instead of all passing a non-negative bucket at once.
+    pub async fn acquire(&self, units: f64) {
+        let wait = {
+            let mut b = self.state.lock().await;
+            b.refill(Instant::now());
+            match b.rate {
+                Some(rate) => {
+                    b.tokens -= units;
+                    if b.tokens < 0.0 {
+                        Duration::from_secs_f64(-b.tokens / rate)
+                    } else {
+                        Duration::ZERO
+                    }
+                }
+                None => Duration::ZERO,
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Record what a request consumed.
     pub async fn spend(&self, units: f64) {
         let mut b = self.state.lock().await;
@@ -100,8 +124,8 @@ impl Budget {
 /// A run's rate control: read and write budgets that adapt to throttling,
 /// pausing, and what was throttled and why.
 ///
-/// Adaptation is AIMD, as TCP does it: a throttle cuts the rate to 70 % (at
-/// most once per half second, so a burst of rejections from many in-flight
+/// Adaptation is AIMD, as TCP does it: a throttle cuts the rate to 80 % (at
+/// most once a second, so a burst of rejections from many in-flight
 /// requests counts as one signal); every second without a throttle adds 5 % of
 /// the operator's ceiling back. The rate never exceeds the ceiling the
 /// operator set and never drops below 1 % of it.
@@ -129,8 +153,8 @@ pub struct ThrottleStats {
     pub reasons: BTreeMap<String, u64>,
 }
 
-const CUT: f64 = 0.7;
-const CUT_EVERY: Duration = Duration::from_millis(500);
+const CUT: f64 = 0.8;
+const CUT_EVERY: Duration = Duration::from_secs(1);
 const RAISE: f64 = 0.05;
 
 impl Control {
@@ -164,6 +188,12 @@ impl Control {
     pub async fn wait_write(&self) {
         self.wait_unpaused().await;
         self.write.ready().await;
+    }
+
+    /// Wait for room for a write of `units` WCU (known from the item sizes).
+    pub async fn acquire_write(&self, units: f64) {
+        self.wait_unpaused().await;
+        self.write.acquire(units).await;
     }
 
     pub fn set_paused(&self, paused: bool) {
@@ -272,6 +302,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn acquiring_spaces_concurrent_callers() {
+        let b = std::sync::Arc::new(Budget::new(Some(100.0)));
+        let start = Instant::now();
+        let mut done = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let b = b.clone();
+            tasks.push(tokio::spawn(async move {
+                b.acquire(50.0).await;
+                Instant::now()
+            }));
+        }
+        for t in tasks {
+            done.push(t.await.unwrap().duration_since(start).as_secs_f64());
+        }
+        done.sort_by(f64::total_cmp);
+        // 50 units each at 100/s: released at 0.5, 1.0, 1.5 and 2.0 s, not all at once.
+        for (i, t) in done.iter().enumerate() {
+            let want = 0.5 * (i + 1) as f64;
+            assert!((t - want).abs() < 0.01, "{done:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn idle_time_saves_at_most_one_second() {
         let b = Budget::new(Some(10.0));
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -324,12 +378,12 @@ mod tests {
             joins.push(async move { c.write_throttled(e, i).await });
         }
         futures::future::join_all(joins).await;
-        assert_eq!(c.write.rate().await, Some(700.0));
+        assert_eq!(c.write.rate().await, Some(800.0));
         let stats = c.stats().await;
         assert_eq!(stats.write_throttles, 10);
         assert_eq!(stats.reasons["TableWriteKeyRangeThroughputExceeded"], 10);
         // Repeated throttling keeps cutting, but never below 1 % of the ceiling.
-        for _ in 0..40 {
+        for _ in 0..60 {
             tokio::time::sleep(CUT_EVERY).await;
             c.write_throttled(&e, 0).await;
         }

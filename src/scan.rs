@@ -15,6 +15,10 @@ use tokio::task::JoinSet;
 
 use crate::aws::{Clients, from_sdk_item};
 use crate::rate::Control;
+use crate::write::{backoff, jitter};
+
+/// Consecutive transient failures (5xx, resets) of one Scan page before the run stops.
+const MAX_TRANSIENT_FAILURES: u32 = 10;
 use crate::value::Item;
 
 pub type StartKey = HashMap<String, AttributeValue>;
@@ -82,6 +86,7 @@ where
             on_page.clone(),
         );
         tasks.spawn(async move {
+            let mut failures = 0;
             loop {
                 control.wait_read().await;
                 let out = clients
@@ -94,15 +99,23 @@ where
                     .consistent_read(opts.consistent_read)
                     .select(Select::AllAttributes)
                     .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .set_exclusive_start_key(next.take())
+                    .set_exclusive_start_key(next.clone())
                     .send()
                     .await
                     .map_err(|e| clients.error("Scan", &opts.table, e));
                 let out = match out {
-                    Ok(o) => o,
+                    Ok(o) => {
+                        failures = 0;
+                        o
+                    }
                     Err(e) if e.is_throttle() => {
                         // The read side adapts too: a throttled Scan slows every segment.
                         control.read_throttled(&e).await;
+                        continue;
+                    }
+                    Err(e) if e.is_transient() && failures < MAX_TRANSIENT_FAILURES => {
+                        failures += 1;
+                        tokio::time::sleep(backoff(failures, jitter())).await;
                         continue;
                     }
                     Err(e) => return Err(anyhow::Error::new(e)),

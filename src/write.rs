@@ -17,7 +17,7 @@ use aws_sdk_dynamodb::types::{PutRequest, ReturnConsumedCapacity, WriteRequest};
 
 use crate::aws::{AwsError, Clients, to_sdk_item};
 use crate::rate::Control;
-use crate::value::Item;
+use crate::value::{Item, item_size, write_units};
 
 pub const BATCH: usize = 25;
 
@@ -73,10 +73,13 @@ pub async fn write_batch(
         refused: vec![None; items.len()],
     };
     let mut pending = requests(items);
+    let units: f64 = items.iter().map(|i| write_units(item_size(i)) as f64).sum();
     let mut attempt = 0;
     let mut failures = 0;
     while !pending.is_empty() {
-        control.wait_write().await;
+        // The cost is known before the call: take it up front, correct it after.
+        let estimate = units * pending.len() as f64 / items.len().max(1) as f64;
+        control.acquire_write(estimate).await;
         let res = clients
             .dynamodb
             .batch_write_item()
@@ -91,7 +94,7 @@ pub async fn write_batch(
                     .iter()
                     .filter_map(|c| c.capacity_units())
                     .sum::<f64>();
-                control.write.spend(used).await;
+                control.write.spend(used - estimate).await;
                 result.consumed += used;
                 pending = out
                     .unprocessed_items
@@ -111,20 +114,18 @@ pub async fn write_batch(
                 }
             }
             Err(e) => match clients.error("BatchWriteItem", table, e) {
+                // A refused call consumed nothing: give the estimate back.
                 e @ AwsError::Throttled { .. } => {
+                    control.write.spend(-estimate).await;
                     control.write_throttled(&e, attempt).await;
                     attempt = (attempt + 1).min(6);
                 }
                 AwsError::Service { code, .. } if code == "ValidationException" => {
                     return isolate(clients, table, items, control, max_retries, result).await;
                 }
-                e @ (AwsError::Unreachable { .. }
-                | AwsError::Service { .. }
-                | AwsError::Other { .. })
-                    if failures < max_retries =>
-                {
+                e if e.is_transient() && failures < max_retries => {
+                    control.write.spend(-estimate).await;
                     failures += 1;
-                    let _ = e;
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
                 e => return Err(e),
@@ -175,11 +176,7 @@ async fn isolate(
                         result.refused[i] = Some(format!("DynamoDB refused the item: {detail}"));
                         break;
                     }
-                    AwsError::Unreachable { .. }
-                    | AwsError::Service { .. }
-                    | AwsError::Other { .. }
-                        if failures < max_retries =>
-                    {
+                    e if e.is_transient() && failures < max_retries => {
                         failures += 1;
                         tokio::time::sleep(backoff(failures, jitter())).await;
                     }
