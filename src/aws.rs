@@ -134,16 +134,16 @@ const THROTTLE_CODES: &[&str] = &[
 pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub streams: aws_sdk_dynamodbstreams::Client,
+    pub s3: aws_sdk_s3::Client,
     pub endpoint: Endpoint,
     pub region: String,
 }
 
 impl Clients {
     pub async fn connect(opts: &AwsOptions) -> anyhow::Result<Clients> {
+        // --endpoint-url is DynamoDB's (and its Streams'), as in the aws CLI, so
+        // it is set per client below, not on the shared config that S3 also uses.
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(url) = &opts.endpoint_url {
-            loader = loader.endpoint_url(url);
-        }
         if let Some(region) = &opts.region {
             loader = loader.region(aws_config::Region::new(region.clone()));
         }
@@ -170,9 +170,24 @@ impl Clients {
             )
         })?;
         let endpoint = resolve_endpoint(opts, &region);
+        let mut ddb = aws_sdk_dynamodb::config::Builder::from(&config);
+        let mut streams = aws_sdk_dynamodbstreams::config::Builder::from(&config);
+        if let Some(url) = &opts.endpoint_url {
+            ddb = ddb.endpoint_url(url);
+            streams = streams.endpoint_url(url);
+        }
+        // A local S3 server (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) needs
+        // path-style addresses: it has no DNS for bucket.host names.
+        let local_s3 = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
+            .iter()
+            .any(|v| std::env::var(v).is_ok_and(|u| !u.is_empty()));
+        let s3 = aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(local_s3)
+            .build();
         Ok(Clients {
-            dynamodb: aws_sdk_dynamodb::Client::new(&config),
-            streams: aws_sdk_dynamodbstreams::Client::new(&config),
+            dynamodb: aws_sdk_dynamodb::Client::from_conf(ddb.build()),
+            streams: aws_sdk_dynamodbstreams::Client::from_conf(streams.build()),
+            s3: aws_sdk_s3::Client::from_conf(s3),
             endpoint,
             region,
         })

@@ -35,6 +35,7 @@ use tokio::sync::Mutex;
 use crate::aws::{Clients, from_sdk_item};
 use crate::cli::InputError;
 use crate::control::ControlFile;
+use crate::export::{DataFile, ExportLine, ExportLocation, ExportReader};
 use crate::plan::{Mode, Plan};
 use crate::progress::Progress;
 use crate::rate::{Control, ThrottleStats};
@@ -62,6 +63,10 @@ pub struct BackfillOptions {
     pub concurrency: usize,
     /// Consecutive non-throttle failures of one write before the run stops.
     pub max_retries: u32,
+    /// Read this export (`s3://bucket/prefix` or a local directory) instead of scanning.
+    pub from_export: Option<String>,
+    /// Export data files read at once.
+    pub export_files_in_parallel: usize,
 }
 
 /// Counters committed with each checkpoint.
@@ -219,7 +224,7 @@ impl Ledger {
     fn commit(
         &mut self,
         key: &str,
-        state: &SegState,
+        state: &serde_json::Value,
         page: &Counters,
         rejects: &[(Item, String)],
     ) -> anyhow::Result<()> {
@@ -230,7 +235,7 @@ impl Ledger {
         self.totals.add(page);
         self.this_run.add(page);
         self.store.put_batch(&[
-            (key, serde_json::to_value(state)?),
+            (key, state.clone()),
             (KEY_COUNTERS, serde_json::to_value(self.totals)?),
             (KEY_REJECTS_LEN, serde_json::to_value(len)?),
         ])?;
@@ -263,28 +268,9 @@ pub async fn run(
     target.check_key(&plan.target_key, "target")?;
 
     let store = StateStore::open(&opts.state_dir, plan)?;
-    let segments = match store.get::<u32>(KEY_SEGMENTS)? {
-        Some(n) => n,
-        None => {
-            let n = opts
-                .segments
-                .unwrap_or_else(|| scan::default_segments(source.size_bytes, 4));
-            store.put(KEY_SEGMENTS, &n)?;
-            store.flush()?;
-            n
-        }
-    };
     let totals: Counters = store.get(KEY_COUNTERS)?.unwrap_or_default();
     let resumed = store.get::<Phase>(KEY_PHASE)?.is_some();
     store.put(KEY_PHASE, &Phase::Backfilling)?;
-    let mut starts = Vec::with_capacity(segments as usize);
-    for n in 0..segments {
-        starts.push(match store.get::<SegState>(&seg_key(n))? {
-            None | Some(SegState::Pending) => SegmentStart::Beginning,
-            Some(SegState::After(k)) => SegmentStart::After(crate::aws::to_sdk_item(&k)),
-            Some(SegState::Done) => SegmentStart::Done,
-        });
-    }
     // Lines written for pages that were in flight at a crash are not committed: cut them.
     let committed_len: u64 = store.get(KEY_REJECTS_LEN)?.unwrap_or(0);
     let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
@@ -327,6 +313,13 @@ pub async fn run(
         tokio::spawn(async move {
             let mut control_file = ControlFile::watcher(&dir);
             let mut last_wcu = 0.0;
+            // One sample a second, for `status` and for measuring rate accuracy.
+            let mut samples = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("progress.jsonl"))
+                .ok();
+            let t0 = Instant::now();
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 control.tick().await;
@@ -346,53 +339,40 @@ pub async fn run(
                     if control.is_paused() { ", PAUSED" } else { "" }
                 ));
                 last_wcu = wcu;
-                progress.update(live.load(Ordering::Relaxed), 0.0);
+                let items = live.load(Ordering::Relaxed);
+                if let Some(f) = samples.as_mut() {
+                    use std::io::Write as _;
+                    let line = serde_json::json!({
+                        "t": t0.elapsed().as_secs_f64(),
+                        "consumed_wcu": wcu,
+                        "write_rate": control.write.rate().await,
+                        "scanned": items,
+                        "written": written,
+                        "paused": control.is_paused(),
+                    });
+                    let _ = writeln!(f, "{line}");
+                }
+                progress.update(items, 0.0);
             }
         })
     };
 
-    let plan_arc = Arc::new(plan.clone());
-    let scan_opts = ScanOptions {
-        table: plan.source_table.clone(),
-        segments,
-        page_limit: opts.page_limit,
-        consistent_read: false,
+    let run = Drive {
+        clients,
+        plan: Arc::new(plan.clone()),
+        writer: writer.clone(),
+        ledger: ledger.clone(),
+        control: control.clone(),
+        live: live_items.clone(),
+        consumed_rcu: consumed_rcu.clone(),
     };
-    let result = scan::scan(clients, &scan_opts, starts, control.clone(), {
-        let (writer, ledger, plan, consumed_rcu, live) = (
-            writer.clone(),
-            ledger.clone(),
-            plan_arc.clone(),
-            consumed_rcu.clone(),
-            live_items.clone(),
-        );
-        move |page: Page| {
-            let (writer, ledger, plan, consumed_rcu, live) = (
-                writer.clone(),
-                ledger.clone(),
-                plan.clone(),
-                consumed_rcu.clone(),
-                live.clone(),
-            );
-            async move {
-                *consumed_rcu.lock().await += page.consumed;
-                let (counts, rejects) = process_page(&writer, &ledger, &plan, &page.items).await?;
-                let mut counts = counts;
-                counts.scanned += page.unreadable;
-                counts.rejected += page.unreadable;
-                live.fetch_add(counts.scanned, Ordering::Relaxed);
-                let state = match &page.next {
-                    Some(k) => SegState::After(start_key_to_item(k)),
-                    None => SegState::Done,
-                };
-                ledger
-                    .lock()
-                    .await
-                    .commit(&seg_key(page.segment), &state, &counts, &rejects)
-            }
+    let (result, segments) = match &opts.from_export {
+        None => {
+            let segments = run.segments(opts.segments, source.size_bytes).await?;
+            (run.scan(segments, opts.page_limit).await, segments)
         }
-    })
-    .await;
+        Some(loc) => (run.export(loc, opts.export_files_in_parallel).await, 0),
+    };
     ticker.abort();
     let _ = ticker.await;
     progress.finish();
@@ -417,6 +397,190 @@ pub async fn run(
         elapsed_seconds: started.elapsed().as_secs_f64(),
         rejects_file: opts.rejects.display().to_string(),
     })
+}
+
+/// What both sources need to turn pages into committed writes.
+struct Drive<'a> {
+    clients: &'a Clients,
+    plan: Arc<Plan>,
+    writer: Arc<Writer>,
+    ledger: Arc<Mutex<Ledger>>,
+    control: Arc<Control>,
+    live: Arc<AtomicU64>,
+    consumed_rcu: Arc<Mutex<f64>>,
+}
+
+/// How far one export data file is done.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FileState {
+    Lines(u64),
+    Done,
+}
+
+/// Items per commit when reading an export.
+const EXPORT_PAGE: usize = 500;
+
+impl Drive<'_> {
+    /// The segment count is fixed by the first run: resume points belong to it.
+    async fn segments(&self, asked: Option<u32>, table_bytes: u64) -> anyhow::Result<u32> {
+        let l = self.ledger.lock().await;
+        if let Some(n) = l.store.get::<u32>(KEY_SEGMENTS)? {
+            return Ok(n);
+        }
+        let n = asked.unwrap_or_else(|| scan::default_segments(table_bytes, 4));
+        l.store.put(KEY_SEGMENTS, &n)?;
+        l.store.flush()?;
+        Ok(n)
+    }
+
+    async fn scan(&self, segments: u32, page_limit: Option<i32>) -> anyhow::Result<()> {
+        let mut starts = Vec::with_capacity(segments as usize);
+        {
+            let l = self.ledger.lock().await;
+            for n in 0..segments {
+                starts.push(match l.store.get::<SegState>(&seg_key(n))? {
+                    None | Some(SegState::Pending) => SegmentStart::Beginning,
+                    Some(SegState::After(k)) => SegmentStart::After(crate::aws::to_sdk_item(&k)),
+                    Some(SegState::Done) => SegmentStart::Done,
+                });
+            }
+        }
+        let scan_opts = ScanOptions {
+            table: self.plan.source_table.clone(),
+            segments,
+            page_limit,
+            consistent_read: false,
+        };
+        let (writer, ledger, plan, consumed_rcu, live) = (
+            self.writer.clone(),
+            self.ledger.clone(),
+            self.plan.clone(),
+            self.consumed_rcu.clone(),
+            self.live.clone(),
+        );
+        scan::scan(
+            self.clients,
+            &scan_opts,
+            starts,
+            self.control.clone(),
+            move |page: Page| {
+                let (writer, ledger, plan, consumed_rcu, live) = (
+                    writer.clone(),
+                    ledger.clone(),
+                    plan.clone(),
+                    consumed_rcu.clone(),
+                    live.clone(),
+                );
+                async move {
+                    *consumed_rcu.lock().await += page.consumed;
+                    let (mut counts, rejects) =
+                        process_page(&writer, &ledger, &plan, &page.items).await?;
+                    counts.scanned += page.unreadable;
+                    counts.rejected += page.unreadable;
+                    live.fetch_add(counts.scanned, Ordering::Relaxed);
+                    let state = match &page.next {
+                        Some(k) => SegState::After(start_key_to_item(k)),
+                        None => SegState::Done,
+                    };
+                    ledger.lock().await.commit(
+                        &seg_key(page.segment),
+                        &serde_json::to_value(&state)?,
+                        &counts,
+                        &rejects,
+                    )
+                }
+            },
+        )
+        .await
+    }
+
+    /// Read an export's data files, `parallel` at a time, committing each
+    /// file's line count after every page of writes.
+    async fn export(&self, location: &str, parallel: usize) -> anyhow::Result<()> {
+        let loc = ExportLocation::parse(location).map_err(|e| InputError(e.to_string()))?;
+        let s3 = matches!(loc, ExportLocation::S3 { .. }).then(|| self.clients.s3.clone());
+        let (reader, manifest) = ExportReader::open(loc, s3).await?;
+        if let Some(note) = manifest.selection_note() {
+            eprintln!("{note}");
+        }
+        {
+            // The tail must start capturing before this point in time.
+            let l = self.ledger.lock().await;
+            l.store
+                .put("backfill/export_time_ms", &manifest.export_time_epoch_ms)?;
+            l.store.put("backfill/export_id", &manifest.export_id)?;
+            l.store.flush()?;
+        }
+        let reader = Arc::new(reader);
+        let files = manifest.files.clone();
+        stream::iter(files)
+            .map(|file| {
+                let reader = reader.clone();
+                async move { self.export_file(&reader, &file).await }
+            })
+            .buffer_unordered(parallel.max(1))
+            .collect::<Vec<anyhow::Result<()>>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn export_file(&self, reader: &ExportReader, file: &DataFile) -> anyhow::Result<()> {
+        let key = format!("backfill/file/{}", file.key);
+        let done = match self.ledger.lock().await.store.get::<FileState>(&key)? {
+            Some(FileState::Done) => return Ok(()),
+            Some(FileState::Lines(n)) => n,
+            None => 0,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(EXPORT_PAGE * 2);
+        let reading = reader.read_file(file, done, tx);
+        let consuming = async {
+            let mut lines = done;
+            let mut page: Vec<Item> = Vec::with_capacity(EXPORT_PAGE);
+            let mut bad: Vec<(Item, String)> = Vec::new();
+            let mut last_line = done;
+            loop {
+                let next = rx.recv().await;
+                let at_end = next.is_none();
+                if let Some(line) = next {
+                    last_line = line.line;
+                    match line.item {
+                        Ok(item) => page.push(item),
+                        Err(msg) => {
+                            bad.push((Item::new(), format!("{}:{}: {msg}", file.key, line.line)))
+                        }
+                    }
+                }
+                if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
+                    let (mut counts, mut rejects) =
+                        process_page(&self.writer, &self.ledger, &self.plan, &page).await?;
+                    counts.scanned += bad.len() as u64;
+                    counts.rejected += bad.len() as u64;
+                    rejects.append(&mut bad);
+                    self.live.fetch_add(counts.scanned, Ordering::Relaxed);
+                    lines = last_line;
+                    self.ledger.lock().await.commit(
+                        &key,
+                        &serde_json::to_value(FileState::Lines(lines))?,
+                        &counts,
+                        &rejects,
+                    )?;
+                    page.clear();
+                }
+                if at_end {
+                    return anyhow::Ok(());
+                }
+            }
+        };
+        let (read, consumed) = tokio::join!(reading, consuming);
+        consumed?;
+        read?;
+        let l = self.ledger.lock().await;
+        l.store.put(&key, &FileState::Done)?;
+        l.store.flush()?;
+        Ok(())
+    }
 }
 
 /// Transform, claim and write one page's items; returns its counters and rejects.

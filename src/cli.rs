@@ -119,6 +119,13 @@ pub struct BackfillArgs {
     /// Rejected items, with reasons, as JSON lines (default: <state dir>/rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
+    /// Read a DynamoDB S3 export instead of scanning: s3://bucket/prefix, or a local
+    /// directory holding a downloaded export. S3 endpoint: AWS_ENDPOINT_URL_S3.
+    #[arg(long, value_name = "LOCATION")]
+    pub from_export: Option<String>,
+    /// Export data files read at once.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub export_parallel: usize,
     /// Print the final report as JSON.
     #[arg(long)]
     pub json: bool,

@@ -99,6 +99,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 key_write_rate: a.key_write_rate,
                 concurrency: a.concurrency,
                 max_retries: 10,
+                from_export: a.from_export.clone(),
+                export_files_in_parallel: a.export_parallel,
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(mode(a.json));
