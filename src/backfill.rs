@@ -38,7 +38,7 @@ use crate::control::ControlFile;
 use crate::export::{DataFile, ExportLine, ExportLocation, ExportReader};
 use crate::plan::{Mode, Plan};
 use crate::progress::Progress;
-use crate::rate::{Control, ThrottleStats};
+use crate::rate::{Control, Rate, ThrottleStats};
 use crate::rejects::RejectsFile;
 use crate::scan::{self, Page, ScanOptions, SegmentStart, StartKey};
 use crate::state::{Phase, StateStore};
@@ -53,10 +53,10 @@ pub struct BackfillOptions {
     /// Scan segments; fixed by the first run (resume points belong to a segment count).
     pub segments: Option<u32>,
     pub page_limit: Option<i32>,
-    /// RCU/s for the Scan; None: unlimited.
-    pub read_rate: Option<f64>,
-    /// WCU/s for the target.
-    pub write_rate: f64,
+    /// For the Scan; None: unlimited.
+    pub read_rate: Option<Rate>,
+    /// For the target.
+    pub write_rate: Rate,
     /// WCU/s for any one target partition-key value.
     pub key_write_rate: u32,
     /// Writes in flight at once.
@@ -275,7 +275,16 @@ pub async fn run(
     let committed_len: u64 = store.get(KEY_REJECTS_LEN)?.unwrap_or(0);
     let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
 
-    let control = Arc::new(Control::new(opts.read_rate, Some(opts.write_rate)));
+    let read_rate = opts
+        .read_rate
+        .map(|r| r.resolve(&source.name, source.provisioned_read, "read"))
+        .transpose()
+        .map_err(InputError)?;
+    let write_rate = opts
+        .write_rate
+        .resolve(&target.name, target.provisioned_write, "write")
+        .map_err(InputError)?;
+    let control = Arc::new(Control::new(read_rate, Some(write_rate)));
     let key_rate = NonZeroU32::new(opts.key_write_rate.max(1)).unwrap_or(NonZeroU32::MIN);
     // A small burst keeps any one second of a key's writes near the rate: at most
     // rate + burst, well under the partition's 1,000 WCU/s at the default.

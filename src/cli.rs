@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::aws::{AwsError, AwsOptions};
 use crate::plan::PlanErrors;
+use crate::rate::Rate;
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -107,9 +108,9 @@ pub struct BackfillArgs {
     pub scan: ScanArgs,
     #[command(flatten)]
     pub state: StateArgs,
-    /// Write budget for the target, WCU per second.
-    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
-    pub write_rate: f64,
+    /// Write budget for the target: WCU per second, or a share of its provisioned write capacity (25%).
+    #[arg(long, value_name = "WCU|N%", default_value = "1000")]
+    pub write_rate: Rate,
     /// Write limit for any one target partition-key value, WCU per second (a partition takes 1,000).
     #[arg(long, value_name = "WCU", default_value_t = 300)]
     pub key_write_rate: u32,
@@ -179,9 +180,9 @@ pub struct ScanArgs {
     /// Parallel Scan segments (default: from the table's size, at least 4).
     #[arg(long)]
     pub segments: Option<u32>,
-    /// Read budget in RCU per second (default: unlimited).
-    #[arg(long, value_name = "RCU")]
-    pub read_rate: Option<f64>,
+    /// Read budget: RCU per second, or a share of the provisioned read capacity (25%). Default: unlimited.
+    #[arg(long, value_name = "RCU|N%")]
+    pub read_rate: Option<Rate>,
     /// Items per Scan page (default: DynamoDB's 1 MB pages).
     #[arg(long, value_name = "N")]
     pub page_size: Option<i32>,

@@ -18,6 +18,48 @@ use tokio::time::Instant;
 use crate::aws::AwsError;
 use crate::write::{backoff, jitter};
 
+/// A rate as an operator gives it: capacity units per second (`500`), or a
+/// share of the table's provisioned capacity (`25%`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rate {
+    Units(f64),
+    Share(f64),
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Rate, String> {
+        let t = s.trim();
+        let (num, share) = match t.strip_suffix('%') {
+            Some(n) => (n, true),
+            None => (t, false),
+        };
+        match num.trim().parse::<f64>() {
+            Ok(v) if v > 0.0 && v.is_finite() && (!share || v <= 100.0) => Ok(if share {
+                Rate::Share(v / 100.0)
+            } else {
+                Rate::Units(v)
+            }),
+            _ => Err(format!(
+                "`{s}` is not a rate: give capacity units per second (500) or a share of provisioned capacity (25%)"
+            )),
+        }
+    }
+}
+
+impl Rate {
+    /// Units per second, given the table's provisioned capacity (None: on-demand).
+    pub fn resolve(self, table: &str, provisioned: Option<i64>, kind: &str) -> Result<f64, String> {
+        match (self, provisioned) {
+            (Rate::Units(u), _) => Ok(u),
+            (Rate::Share(f), Some(p)) => Ok((p as f64 * f).max(1.0)),
+            (Rate::Share(_), None) => Err(format!(
+                "table `{table}` is on-demand, so it has no provisioned {kind} capacity to take a share of: give the rate in capacity units per second"
+            )),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Budget {
     state: Mutex<Bucket>,
@@ -299,6 +341,28 @@ mod tests {
         // 500 units at 100/s: the last caller may go after 5 s, not before.
         let t = start.elapsed().as_secs_f64();
         assert!((4.99..=5.01).contains(&t), "{t}");
+    }
+
+    #[test]
+    fn rates_are_units_or_shares_of_provisioned_capacity() {
+        assert_eq!("500".parse::<Rate>(), Ok(Rate::Units(500.0)));
+        assert_eq!("25%".parse::<Rate>(), Ok(Rate::Share(0.25)));
+        assert!(
+            "0".parse::<Rate>().is_err()
+                && "150%".parse::<Rate>().is_err()
+                && "x".parse::<Rate>().is_err()
+        );
+        assert_eq!(
+            Rate::Share(0.25).resolve("t", Some(400), "write"),
+            Ok(100.0)
+        );
+        assert_eq!(Rate::Units(7.0).resolve("t", None, "write"), Ok(7.0));
+        assert!(
+            Rate::Share(0.5)
+                .resolve("t", None, "write")
+                .unwrap_err()
+                .contains("on-demand")
+        );
     }
 
     #[tokio::test(start_paused = true)]

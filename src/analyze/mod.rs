@@ -578,8 +578,7 @@ impl<'p> Analyzer<'p> {
 #[derive(Debug, Clone)]
 pub struct ScanSettings {
     pub segments: Option<u32>,
-    /// RCU/s.
-    pub read_rate: Option<f64>,
+    pub read_rate: Option<crate::rate::Rate>,
     pub page_limit: Option<i32>,
 }
 
@@ -605,7 +604,12 @@ pub async fn run(
     };
     progress.start("analyze", Some(info.item_count));
     let (tx, mut rx) = mpsc::channel::<Page>(segments as usize * 2);
-    let control = Arc::new(Control::new(scan_settings.read_rate, None));
+    let read_rate = scan_settings
+        .read_rate
+        .map(|r| r.resolve(&info.name, info.provisioned_read, "read"))
+        .transpose()
+        .map_err(crate::cli::InputError)?;
+    let control = Arc::new(Control::new(read_rate, None));
     let mut analyzer = Analyzer::new(plan, opts, rejects)?;
     // Pages go through a channel to the one analyzer: the aggregates are not shared.
     let scanning = async move {
