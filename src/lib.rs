@@ -32,7 +32,7 @@
 //! * [`export`] — reads DynamoDB S3 exports (manifest, gzip DynamoDB JSON),
 //!   streaming, from S3 or a local copy.
 //! * [`local`], [`s3local`] — start AWS's DynamoDB Local and moto's S3 server
-//!   for tests and the demo.
+//!   for tests and the demo, as [`child`] processes that die with rekey.
 //! * [`proxy`] — the throttling and fault proxy tests put in front of
 //!   DynamoDB Local, which never throttles by itself.
 //! * [`demo`] — the skewed demo table and its analysis.
@@ -43,6 +43,7 @@ pub mod aws;
 pub mod backfill;
 pub mod bucket;
 pub mod check;
+pub mod child;
 pub mod cli;
 pub mod commands;
 pub mod control;

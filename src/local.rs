@@ -22,17 +22,17 @@
 //! process is killed with SIGKILL or exits without running destructors: see
 //! `spawn_owned` in the source for how.
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::child::{Shared, spawn_owned};
 
 /// Environment variable naming the directory that holds `DynamoDBLocal.jar`.
 pub const INSTALL_DIR_ENV: &str = "REKEY_DYNAMODB_LOCAL_DIR";
@@ -51,10 +51,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Limit for one readiness probe (connect, send, first bytes of the answer).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How many of its last output lines are kept for error messages.
-const OUTPUT_LINES: usize = 40;
-/// Longer output lines are cut to this many bytes.
-const MAX_LINE: usize = 1000;
 /// How long `drop` waits for the killed JVM to be reaped before detaching.
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Prefix of the per-instance `java.io.tmpdir` directories.
@@ -311,7 +307,7 @@ async fn start_on(dir: &Path, port: u16) -> Result<DynamoDbLocal, LocalError> {
         .stderr(Stdio::piped());
 
     let shared = Arc::new(Shared::default());
-    let (pid, owner) = match spawn_owned(cmd, Arc::clone(&shared)).await {
+    let (pid, owner) = match spawn_owned(cmd, Arc::clone(&shared), "dynamodb-local").await {
         Ok(spawned) => spawned,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp_dir);
@@ -438,226 +434,10 @@ async fn probe(port: u16) -> bool {
     }
 }
 
-/// Spawns `cmd` so that it dies with this process, even on SIGKILL, and
-/// returns its pid and the thread that owns it.
-///
-/// The child is spawned with `PR_SET_PDEATHSIG = SIGKILL`: the kernel kills
-/// it when its parent goes away. That "parent" is not the process but the
-/// THREAD that called fork: if that thread exits (a Tokio worker or blocking
-/// thread is retired after a while, a scoped thread ends...), the child is
-/// killed although the process lives on. So the child is spawned from a
-/// dedicated thread that then blocks waiting for the child, and so lives
-/// exactly as long as the child does. When the whole process dies, however
-/// it dies (SIGKILL, `exit` without destructors, a panic with
-/// `panic = "abort"`), that thread dies with it and the kernel kills the JVM.
-///
-/// The thread waits in two steps: first without reaping (`WNOWAIT`), then it
-/// records that the child is gone and reaps it. Until it is reaped the pid
-/// cannot be reused, so [`Shared::kill`], which checks the record under the
-/// same lock, never signals an unrelated process.
-///
-/// It also drains the child's stdout and stderr into the shared ring buffer,
-/// from two more threads (a full pipe would block the JVM).
-async fn spawn_owned(
-    mut cmd: Command,
-    shared: Arc<Shared>,
-) -> io::Result<(u32, std::thread::JoinHandle<()>)> {
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid), allocating nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // If we died between fork and prctl, no signal will come: the
-            // child has already been handed to another parent. Give up.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-
-    let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel::<io::Result<u32>>();
-    let owner = std::thread::Builder::new()
-        .name("dynamodb-local".into())
-        .spawn(move || {
-            let mut child = match cmd.spawn() {
-                Ok(child) => child,
-                Err(e) => {
-                    let _ = spawned_tx.send(Err(e));
-                    return;
-                }
-            };
-            let pid = child.id();
-            let mut readers = 0;
-            if let Some(out) = child.stdout.take() {
-                readers += spawn_reader(out, &shared);
-            }
-            if let Some(err) = child.stderr.take() {
-                readers += spawn_reader(err, &shared);
-            }
-            shared.lock().open_readers += readers;
-            if spawned_tx.send(Ok(pid)).is_err() {
-                // `start` was cancelled while we spawned: nobody will own
-                // this JVM. Not yet reaped, so the pid is still the child's.
-                // SAFETY: plain syscall.
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                }
-            }
-
-            wait_exited_no_reap(pid);
-            shared.lock().exited = true;
-            let status = match child.wait() {
-                Ok(status) => status.to_string(),
-                Err(e) => format!("could not wait for it: {e}"),
-            };
-            let mut state = shared.lock();
-            state.status = Some(status);
-            drop(state);
-            shared.cond.notify_all();
-        })?;
-
-    match spawned_rx.await {
-        Ok(Ok(pid)) => Ok((pid, owner)),
-        Ok(Err(e)) => {
-            let _ = owner.join();
-            Err(e)
-        }
-        Err(_) => {
-            let _ = owner.join();
-            Err(io::Error::other("the thread spawning java panicked"))
-        }
-    }
-}
-
-/// Blocks until child `pid` has exited, without reaping it.
-fn wait_exited_no_reap(pid: u32) {
-    loop {
-        // SAFETY: siginfo_t is plain data; waitid only writes into it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return;
-        }
-    }
-}
-
-/// Copies lines from `pipe` into the ring buffer until EOF; returns 1 if the
-/// reader thread was started.
-fn spawn_reader(pipe: impl Read + Send + 'static, shared: &Arc<Shared>) -> usize {
-    let shared_for_thread = Arc::clone(shared);
-    let reader = move || {
-        let shared = shared_for_thread;
-        let mut pipe = BufReader::new(pipe);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match pipe.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => shared.push_line(&line),
-            }
-        }
-        shared.lock().open_readers -= 1;
-    };
-    match std::thread::Builder::new()
-        .name("dynamodb-local-output".into())
-        .spawn(reader)
-    {
-        Ok(_) => 1,
-        Err(_) => 0,
-    }
-}
-
-/// State shared between a [`DynamoDbLocal`] and the threads serving it.
-#[derive(Default)]
-struct Shared {
-    state: Mutex<State>,
-    /// Notified when `status` is set.
-    cond: Condvar,
-}
-
-#[derive(Default)]
-struct State {
-    /// The JVM has exited (it may not be reaped yet): never signal its pid.
-    exited: bool,
-    /// How it ended, set once it has been reaped.
-    status: Option<String>,
-    /// Its last output lines.
-    output: VecDeque<String>,
-    /// Threads still reading its stdout or stderr.
-    open_readers: usize,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves no broken invariant here.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn push_line(&self, line: &[u8]) {
-        let mut line = String::from_utf8_lossy(line).trim_end().to_string();
-        if line.len() > MAX_LINE {
-            let mut cut = MAX_LINE;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push_str(" […]");
-        }
-        let mut state = self.lock();
-        if state.output.len() == OUTPUT_LINES {
-            state.output.pop_front();
-        }
-        state.output.push_back(line);
-    }
-
-    fn output(&self) -> String {
-        let state = self.lock();
-        if state.output.is_empty() {
-            return "(no output)".to_string();
-        }
-        let lines: Vec<&str> = state.output.iter().map(String::as_str).collect();
-        lines.join("\n")
-    }
-
-    /// SIGKILLs `pid` unless it has already exited.
-    fn kill(&self, pid: u32) {
-        let state = self.lock();
-        if !state.exited {
-            // SAFETY: plain syscall. The pid is still ours: it has not been
-            // reaped, as `exited` is set (under this lock) before reaping.
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            }
-        }
-    }
-
-    /// Waits until the JVM has been reaped; false on timeout.
-    fn wait_reaped(&self, timeout: Duration) -> bool {
-        let state = self.lock();
-        let result = self
-            .cond
-            .wait_timeout_while(state, timeout, |s| s.status.is_none());
-        match result {
-            Ok((state, _)) => state.status.is_some(),
-            Err(poisoned) => poisoned.into_inner().0.status.is_some(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::child::{MAX_LINE, OUTPUT_LINES};
 
     fn scratch_dir(name: &str) -> PathBuf {
         let dir =

@@ -13,18 +13,18 @@
 //! `local.rs`, the server can never outlive the process that started it, not
 //! even when that process is killed with SIGKILL: see [`spawn_owned`].
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::child::{Shared, spawn_owned};
 
 /// Environment variable naming the `moto_server` executable.
 pub const SERVER_ENV: &str = "REKEY_MOTO_SERVER";
@@ -36,8 +36,6 @@ const PROGRAM: &str = "moto_server";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-const OUTPUT_LINES: usize = 40;
-const MAX_LINE: usize = 1000;
 /// How long `drop` waits for the killed server to be reaped.
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -242,7 +240,7 @@ async fn start_on(program: &Path, port: u16) -> Result<S3Local, S3LocalError> {
         .stderr(Stdio::piped());
 
     let shared = Arc::new(Shared::default());
-    let (pid, owner) = spawn_owned(cmd, Arc::clone(&shared))
+    let (pid, owner) = spawn_owned(cmd, Arc::clone(&shared), "moto-server")
         .await
         .map_err(|source| S3LocalError::Spawn {
             program: program.to_path_buf(),
@@ -305,198 +303,6 @@ async fn probe(port: u16) -> bool {
             head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
         }
         _ => false,
-    }
-}
-
-/// Spawns `cmd` so that it dies with this process, even on SIGKILL; returns
-/// its pid and the thread that owns it.
-///
-/// As in `local.rs`: the child gets `PR_SET_PDEATHSIG = SIGKILL`, which fires
-/// when the THREAD that forked it exits, so it is spawned from a dedicated
-/// thread that then waits for it and lives exactly as long as it does. That
-/// thread first waits without reaping (`WNOWAIT`), records the exit, then
-/// reaps: [`Shared::kill`] checks the record under the same lock, so it never
-/// signals a reused pid. Two more threads drain stdout and stderr.
-async fn spawn_owned(
-    mut cmd: Command,
-    shared: Arc<Shared>,
-) -> io::Result<(u32, std::thread::JoinHandle<()>)> {
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid), allocating nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-
-    let (spawned_tx, spawned_rx) = tokio::sync::oneshot::channel::<io::Result<u32>>();
-    let owner = std::thread::Builder::new()
-        .name("moto-server".into())
-        .spawn(move || {
-            let mut child = match cmd.spawn() {
-                Ok(child) => child,
-                Err(e) => {
-                    let _ = spawned_tx.send(Err(e));
-                    return;
-                }
-            };
-            let pid = child.id();
-            let mut readers = 0;
-            if let Some(out) = child.stdout.take() {
-                readers += spawn_reader(out, &shared);
-            }
-            if let Some(err) = child.stderr.take() {
-                readers += spawn_reader(err, &shared);
-            }
-            shared.lock().open_readers += readers;
-            if spawned_tx.send(Ok(pid)).is_err() {
-                // `start` was cancelled: nobody owns this server. Not yet
-                // reaped, so the pid is still the child's.
-                // SAFETY: plain syscall.
-                unsafe {
-                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                }
-            }
-
-            wait_exited_no_reap(pid);
-            shared.lock().exited = true;
-            let status = match child.wait() {
-                Ok(status) => status.to_string(),
-                Err(e) => format!("could not wait for it: {e}"),
-            };
-            shared.lock().status = Some(status);
-            shared.cond.notify_all();
-        })?;
-
-    match spawned_rx.await {
-        Ok(Ok(pid)) => Ok((pid, owner)),
-        Ok(Err(e)) => {
-            let _ = owner.join();
-            Err(e)
-        }
-        Err(_) => {
-            let _ = owner.join();
-            Err(io::Error::other("the thread spawning moto_server panicked"))
-        }
-    }
-}
-
-/// Blocks until child `pid` has exited, without reaping it.
-fn wait_exited_no_reap(pid: u32) {
-    loop {
-        // SAFETY: siginfo_t is plain data; waitid only writes into it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return;
-        }
-    }
-}
-
-fn spawn_reader(pipe: impl Read + Send + 'static, shared: &Arc<Shared>) -> usize {
-    let shared = Arc::clone(shared);
-    let reader = move || {
-        let mut pipe = BufReader::new(pipe);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match pipe.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => shared.push_line(&line),
-            }
-        }
-        shared.lock().open_readers -= 1;
-    };
-    match std::thread::Builder::new()
-        .name("moto-server-output".into())
-        .spawn(reader)
-    {
-        Ok(_) => 1,
-        Err(_) => 0,
-    }
-}
-
-#[derive(Default)]
-struct Shared {
-    state: Mutex<State>,
-    /// Notified when `status` is set.
-    cond: Condvar,
-}
-
-#[derive(Default)]
-struct State {
-    /// The server has exited (maybe not reaped yet): never signal its pid.
-    exited: bool,
-    /// How it ended, once reaped.
-    status: Option<String>,
-    output: VecDeque<String>,
-    open_readers: usize,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn push_line(&self, line: &[u8]) {
-        let mut line = String::from_utf8_lossy(line).trim_end().to_string();
-        if line.len() > MAX_LINE {
-            let mut cut = MAX_LINE;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push_str(" […]");
-        }
-        let mut state = self.lock();
-        if state.output.len() == OUTPUT_LINES {
-            state.output.pop_front();
-        }
-        state.output.push_back(line);
-    }
-
-    fn output(&self) -> String {
-        let state = self.lock();
-        if state.output.is_empty() {
-            return "(no output)".to_string();
-        }
-        let lines: Vec<&str> = state.output.iter().map(String::as_str).collect();
-        lines.join("\n")
-    }
-
-    fn kill(&self, pid: u32) {
-        let state = self.lock();
-        if !state.exited {
-            // SAFETY: plain syscall; the pid is still ours (not reaped).
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            }
-        }
-    }
-
-    fn wait_reaped(&self, timeout: Duration) -> bool {
-        let state = self.lock();
-        match self
-            .cond
-            .wait_timeout_while(state, timeout, |s| s.status.is_none())
-        {
-            Ok((state, _)) => state.status.is_some(),
-            Err(poisoned) => poisoned.into_inner().0.status.is_some(),
-        }
     }
 }
 
