@@ -340,13 +340,24 @@ pub async fn run(
                     let l = ledger.lock().await;
                     (l.totals.rejected, l.totals.written)
                 };
-                progress.message(format!(
-                    "{:.0} WCU/s (limit {:.0}), written {written}, rejects {rejected}, throttles {}{}",
-                    wcu - last_wcu,
-                    control.write.rate().await.unwrap_or(0.0),
-                    stats.write_throttles + stats.read_throttles,
-                    if control.is_paused() { ", PAUSED" } else { "" }
-                ));
+                let write_limit = control.write.rate().await.unwrap_or(0.0);
+                let paused = control.is_paused();
+                progress.status(
+                    format!(
+                        "{:.0} WCU/s (limit {write_limit:.0}), written {written}, rejects {rejected}, throttles {}{}",
+                        wcu - last_wcu,
+                        stats.write_throttles + stats.read_throttles,
+                        if paused { ", PAUSED" } else { "" }
+                    ),
+                    serde_json::json!({
+                        "wcu_per_sec": wcu - last_wcu,
+                        "write_limit": write_limit,
+                        "written": written,
+                        "rejected": rejected,
+                        "throttles": stats,
+                        "paused": paused,
+                    }),
+                );
                 last_wcu = wcu;
                 let items = live.load(Ordering::Relaxed);
                 if let Some(f) = samples.as_mut() {

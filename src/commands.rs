@@ -103,10 +103,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 export_files_in_parallel: a.export_parallel,
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
-            let progress = Progress::new(mode(a.json));
+            let progress = Progress::new(if quiet {
+                ProgressMode::Quiet
+            } else if a.json {
+                ProgressMode::Json
+            } else {
+                ProgressMode::Auto
+            });
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
-                print_json(&report)?;
+                // The last line of the event stream: the report.
+                let mut v = serde_json::to_value(&report)?;
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("event".into(), "done".into());
+                }
+                println!("{v}");
             } else {
                 let t = &report.totals;
                 println!(

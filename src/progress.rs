@@ -1,18 +1,24 @@
 //! Progress output: the one module that talks to the terminal while work runs.
 //!
-//! On a TTY an indicatif bar; off a TTY (CI, logs, pipes) a plain line every
-//! ten seconds on stderr, because a redrawn bar in a log file is noise. With
-//! `--json` or `--quiet` nothing at all, so stdout stays machine-readable.
+//! Three ways, chosen once per command:
+//! * on a TTY, an indicatif multi-bar: items with rate and ETA, and under it a
+//!   status line (capacity consumed, limits, throttles, rejects);
+//! * off a TTY (CI, logs, pipes), a plain line every ten seconds on stderr,
+//!   because a redrawn bar in a log file is noise;
+//! * with `--json`, a JSON event line on stdout every five seconds
+//!   (`{"event":"progress",…}`), so that machines can follow a run; the
+//!   command's final line is its report. `--quiet` prints nothing.
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProgressMode {
     Auto,
+    Json,
     Quiet,
 }
 
@@ -25,16 +31,19 @@ pub struct Progress {
 }
 
 struct State {
-    bar: Option<ProgressBar>,
+    bars: Option<(MultiProgress, ProgressBar, ProgressBar)>,
     label: String,
     /// Rates, throttles, rejects: whatever the running command reports.
     message: String,
+    /// The same, for JSON events.
+    status: serde_json::Value,
     started: Instant,
     last_line: Instant,
     units: f64,
 }
 
 const PLAIN_EVERY: Duration = Duration::from_secs(10);
+const JSON_EVERY: Duration = Duration::from_secs(5);
 
 impl Progress {
     pub fn new(mode: ProgressMode) -> Progress {
@@ -43,9 +52,10 @@ impl Progress {
             mode,
             tty: std::io::stderr().is_terminal(),
             state: Arc::new(Mutex::new(State {
-                bar: None,
+                bars: None,
                 label: String::new(),
                 message: String::new(),
+                status: serde_json::Value::Null,
                 started: now,
                 last_line: now,
                 units: 0.0,
@@ -53,30 +63,40 @@ impl Progress {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn start(&self, label: &str, expected_items: Option<u64>) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         s.label = label.to_string();
         s.started = Instant::now();
         s.last_line = s.started;
         s.units = 0.0;
         s.message.clear();
-        if self.mode == ProgressMode::Quiet || !self.tty {
+        s.status = serde_json::Value::Null;
+        if self.mode != ProgressMode::Auto || !self.tty {
             return;
         }
+        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
         // DescribeTable's item count is refreshed about every six hours: a hint, not a bound.
-        let bar = match expected_items.filter(|n| *n > 0) {
-            Some(n) => ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr()),
-            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
-        };
-        bar.set_style(
+        let main = multi.add(ProgressBar::new(
+            expected_items.filter(|n| *n > 0).unwrap_or(0),
+        ));
+        main.set_style(
             ProgressStyle::with_template(
-                "{prefix:>9} {bar:30} {human_pos} items  {per_sec}  {msg}  eta {eta}",
+                "{prefix:>9} {bar:30} {human_pos}/{human_len} items  {per_sec}  eta {eta}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        bar.set_prefix(label.to_string());
-        bar.enable_steady_tick(Duration::from_millis(200));
-        s.bar = Some(bar);
+        main.set_prefix(label.to_string());
+        let status = multi.add(ProgressBar::new_spinner());
+        status.set_style(
+            ProgressStyle::with_template("{prefix:>9} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        main.enable_steady_tick(Duration::from_millis(200));
+        s.bars = Some((multi, main, status));
     }
 
     /// `items` so far; `units` consumed capacity since the last call.
@@ -84,39 +104,63 @@ impl Progress {
         if self.mode == ProgressMode::Quiet {
             return;
         }
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.lock();
         s.units += units;
         let secs = s.started.elapsed().as_secs_f64().max(0.001);
-        let rate = s.units / secs;
-        if let Some(bar) = &s.bar {
-            if bar.length().is_some_and(|l| items > l) {
-                bar.set_length(items);
+        let message = if s.message.is_empty() {
+            format!("{:.0} CU/s", s.units / secs)
+        } else {
+            s.message.clone()
+        };
+        if let Some((_, main, status)) = &s.bars {
+            if main.length().is_some_and(|l| items > l) {
+                main.set_length(items);
             }
-            bar.set_position(items);
-            bar.set_message(format!("{rate:.0} CU/s"));
-        } else if s.last_line.elapsed() >= PLAIN_EVERY {
-            s.last_line = Instant::now();
+            main.set_position(items);
+            status.set_message(message);
+            return;
+        }
+        let every = if self.mode == ProgressMode::Json {
+            JSON_EVERY
+        } else {
+            PLAIN_EVERY
+        };
+        if s.last_line.elapsed() < every {
+            return;
+        }
+        s.last_line = Instant::now();
+        if self.mode == ProgressMode::Json {
+            let event = serde_json::json!({
+                "event": "progress",
+                "phase": s.label,
+                "items": items,
+                "items_per_sec": items as f64 / secs,
+                "elapsed_seconds": secs,
+                "status": s.status,
+            });
+            println!("{event}");
+        } else {
             eprintln!(
-                "{}: {items} items, {:.0} items/s, {rate:.0} CU/s",
+                "{}: {items} items, {:.0} items/s, {message}",
                 s.label,
                 items as f64 / secs
             );
         }
     }
 
-    /// Replace the status text shown after the counts.
-    pub fn message(&self, text: String) {
-        if self.mode == ProgressMode::Quiet {
-            return;
-        }
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+    /// Replace the status shown under the counts (text for people, JSON for events).
+    pub fn status(&self, text: String, json: serde_json::Value) {
+        let mut s = self.lock();
         s.message = text;
+        s.status = json;
     }
 
     pub fn finish(&self) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(bar) = s.bar.take() {
-            bar.finish_and_clear();
+        let mut s = self.lock();
+        if let Some((multi, main, status)) = s.bars.take() {
+            main.finish_and_clear();
+            status.finish_and_clear();
+            let _ = multi.clear();
         }
     }
 }

@@ -172,7 +172,7 @@ async fn backfill_from_scan_equals_transform_of_source() {
     let s = setup(1500).await;
     let out = s.env.rekey(&backfill_args(&s, &["--write-rate", "100000"]));
     assert!(out.status.success(), "{}", stderr(&out));
-    let r: Json = serde_json::from_str(&stdout(&out)).unwrap();
+    let r: Json = report(&out);
     let t = &r["totals"];
     eprintln!("backfill took {} s", r["elapsed_seconds"]);
     assert_eq!(t["scanned"], s.items.len() as u64);
@@ -207,7 +207,7 @@ async fn backfill_from_scan_equals_transform_of_source() {
     // A rerun of a finished backfill writes nothing and changes nothing.
     let again = s.env.rekey(&backfill_args(&s, &[]));
     assert!(again.status.success(), "{}", stderr(&again));
-    let r2: Json = serde_json::from_str(&stdout(&again)).unwrap();
+    let r2: Json = report(&again);
     assert_eq!(r2["this_run"]["scanned"], 0);
     assert_eq!(r2["totals"], r["totals"]);
 }
@@ -243,7 +243,7 @@ async fn kill_9_at_random_points_then_rerun_converges_without_starting_over() {
     assert!(before_final > 0, "the killed runs committed progress");
     let out = s.env.rekey(&args);
     assert!(out.status.success(), "{}", stderr(&out));
-    let r: Json = serde_json::from_str(&stdout(&out)).unwrap();
+    let r: Json = report(&out);
     assert_eq!(r["resumed"], true);
     assert!(
         r["this_run"]["scanned"].as_u64().unwrap() < s.items.len() as u64,

@@ -107,7 +107,7 @@ fn backfill(r: &Run, proxy: &Proxy, extra: &[&str]) -> Json {
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).unwrap()
+    report(&out)
 }
 
 async fn assert_exact(r: &Run) {

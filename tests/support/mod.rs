@@ -226,3 +226,22 @@ pub fn spawn_rekey(args: &[&str], endpoint: &str) -> std::process::Child {
         .spawn()
         .expect("spawn rekey")
 }
+
+/// The report of a `--json` run: the last line of its event stream, with
+/// every earlier line a progress event.
+pub fn report(o: &Output) -> serde_json::Value {
+    let text = stdout(o);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let (last, events) = lines
+        .split_last()
+        .unwrap_or_else(|| panic!("no output; stderr: {}", stderr(o)));
+    for e in events {
+        let v: serde_json::Value =
+            serde_json::from_str(e).unwrap_or_else(|err| panic!("event line {e}: {err}"));
+        assert_eq!(v["event"], "progress", "{e}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(last).unwrap_or_else(|err| panic!("report line {last}: {err}"));
+    assert_eq!(v["event"], "done");
+    v
+}
