@@ -398,7 +398,10 @@ macro_rules! no_throttle_reasons {
 
 no_throttle_reasons!(
     aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
-    aws_sdk_dynamodb::operation::create_table::CreateTableError
+    aws_sdk_dynamodb::operation::create_table::CreateTableError,
+    aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
+    aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamError,
+    aws_sdk_dynamodbstreams::operation::get_shard_iterator::GetShardIteratorError
 );
 
 /// What rekey needs to know of a table.

@@ -401,6 +401,8 @@ pub async fn run(
     let mut ledger = ledger.lock().await;
     ledger.store.put(KEY_PHASE, &Phase::BackfillDone)?;
     ledger.store.flush()?;
+    // From here on the tail may apply what it captured (ARCHITECTURE.md).
+    crate::tail::mark_backfill_done(&opts.state_dir)?;
     ledger.rejects.flush_len()?;
     let consumed_wcu = *writer.consumed_wcu.lock().await;
     let consumed_rcu = *consumed_rcu.lock().await;

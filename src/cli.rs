@@ -88,6 +88,8 @@ pub enum Command {
     Analyze(AnalyzeArgs),
     /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
     Backfill(BackfillArgs),
+    /// Keep the target current from the source table's stream (buffered until the backfill is done).
+    Tail(TailArgs),
     /// Pause, resume or change the rates of a running backfill (through its state directory).
     Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
@@ -128,6 +130,25 @@ pub struct BackfillArgs {
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub export_parallel: usize,
     /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Write budget for the target, WCU per second (default: unlimited).
+    #[arg(long, value_name = "WCU")]
+    pub write_rate: Option<f64>,
+    /// Catch-up mode: exit once the backfill is done, the buffer applied, and
+    /// no record has arrived for this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub exit_when_idle: Option<f64>,
+    /// Rejected items (default: <state dir>/tail-rejects.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }

@@ -9,6 +9,7 @@ use crate::control::ControlFile;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
 use crate::rejects::RejectsFile;
+use crate::tail::{self, TailOptions};
 use crate::{check, demo, state};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
@@ -148,6 +149,51 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     report.throttles.write_throttles,
                     report.throttles.read_throttles,
                     report.throttles.reasons
+                );
+            }
+            Ok(exit::OK)
+        }
+        Command::Tail(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let opts = TailOptions {
+                rejects: a
+                    .rejects
+                    .clone()
+                    .unwrap_or_else(|| state_dir.join("tail-rejects.jsonl")),
+                state_dir,
+                exit_when_idle: a.exit_when_idle.map(std::time::Duration::from_secs_f64),
+                write_rate: a.write_rate,
+                poll_interval: std::time::Duration::from_millis(250),
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let progress = Progress::new(if quiet {
+                ProgressMode::Quiet
+            } else if a.json {
+                ProgressMode::Json
+            } else {
+                ProgressMode::Auto
+            });
+            let report = tail::run(&clients, &plan, &opts, &progress).await?;
+            if a.json {
+                let mut v = serde_json::to_value(&report)?;
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("event".into(), "done".into());
+                }
+                println!("{v}");
+            } else {
+                println!(
+                    "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} rejected; last lag {:.1} s",
+                    report.records,
+                    report.buffered,
+                    report.puts,
+                    report.deletes,
+                    report.rejected,
+                    report.last_lag_seconds
                 );
             }
             Ok(exit::OK)

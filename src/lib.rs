@@ -19,6 +19,8 @@
 //!   name the table, endpoint or IAM action.
 //! * [`scan`] — parallel segmented Scan, page by page, under a [`rate`] budget.
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
+//! * [`tail`] — DynamoDB Streams into the target, per-item order across shard
+//!   lineage, buffered until the backfill is complete.
 //! * [`state`] — owns sled: the per-plan state directory, checkpoints,
 //!   the plan fingerprint.
 //! * [`spill`] — external sort-aggregate: exact counts over more keys than fit
@@ -61,6 +63,7 @@ pub mod s3local;
 pub mod scan;
 pub mod spill;
 pub mod state;
+pub mod tail;
 pub mod template;
 pub mod transform;
 pub mod value;

@@ -118,6 +118,10 @@ impl StateStore {
         Ok(())
     }
 
+    pub fn remove(&self, key: &str) -> Result<(), StateError> {
+        self.db.remove(key).map(|_| ()).map_err(|e| self.err(e))
+    }
+
     /// Write several keys atomically: all or none survive a crash.
     pub fn put_batch(&self, entries: &[(&str, serde_json::Value)]) -> Result<(), StateError> {
         let mut batch = sled::Batch::default();

@@ -221,7 +221,7 @@ pub fn spawn_rekey(args: &[&str], endpoint: &str) -> std::process::Child {
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .env("AWS_REGION", "us-east-1")
         .env("AWS_MAX_ATTEMPTS", "1")
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn rekey")
