@@ -102,10 +102,10 @@ pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
             let Some(new) = &change.new else { return out };
             match transform(plan, new) {
                 Outcome::Put { item, .. } => {
-                    if let Some(k) = old_target {
-                        if k != key_of(&item) {
-                            out.push(Action::Delete(k));
-                        }
+                    if let Some(k) = old_target
+                        && k != key_of(&item)
+                    {
+                        out.push(Action::Delete(k));
                     }
                     out.push(Action::Put(item));
                 }
@@ -269,13 +269,13 @@ pub async fn run(
         let mut got_any = false;
         for shard in ready_shards(&shards, &finished) {
             let state = states.get(&shard).cloned().unwrap_or_default();
-            if let Some(at) = state.at {
-                if now_secs() - at > RETENTION_SECONDS {
-                    anyhow::bail!(
-                        "shard {shard}: the checkpoint is older than the stream's 24-hour retention, so records were lost; \
+            if let Some(at) = state.at
+                && now_secs() - at > RETENTION_SECONDS
+            {
+                anyhow::bail!(
+                    "shard {shard}: the checkpoint is older than the stream's 24-hour retention, so records were lost; \
                          a new backfill is needed (start it with a fresh --state-dir)"
-                    );
-                }
+                );
             }
             let iterator = match iterators.remove(&shard) {
                 Some(i) => i,
@@ -388,10 +388,11 @@ pub async fn run(
             last_record = Instant::now();
         } else {
             let drained = store.get::<bool>("tail/buffer_drained")? == Some(true);
-            if let Some(idle) = opts.exit_when_idle {
-                if drained && last_record.elapsed() >= idle {
-                    break;
-                }
+            if let Some(idle) = opts.exit_when_idle
+                && drained
+                && last_record.elapsed() >= idle
+            {
+                break;
             }
             tokio::time::sleep(opts.poll_interval).await;
         }
