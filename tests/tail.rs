@@ -69,7 +69,9 @@ async fn writer(env: &TestEnv, table: String, ids: u64, ops: usize, seed: u64) -
     for n in 0..ops {
         let id = rng.below(ids + ids / 4); // some ids are new
         let key = AttributeValue::S(format!("O#{id}"));
-        let r = match rng.below(10) {
+        let status = AttributeValue::S(STATUSES[rng.below(3) as usize].into());
+        let v = AttributeValue::N(n.to_string());
+        let r: Result<(), String> = match rng.below(10) {
             // Update that changes the target key.
             0..=3 => c
                 .update_item()
@@ -77,34 +79,32 @@ async fn writer(env: &TestEnv, table: String, ids: u64, ops: usize, seed: u64) -
                 .key("PK", key)
                 .update_expression("SET #s = :s, v = :v")
                 .expression_attribute_names("#s", "status")
-                .expression_attribute_values(
-                    ":s",
-                    AttributeValue::S(STATUSES[rng.below(3) as usize].into()),
-                )
-                .expression_attribute_values(":v", AttributeValue::N(n.to_string()))
+                .expression_attribute_values(":s", status)
+                .expression_attribute_values(":v", v)
                 .send()
                 .await
-                .map(|_| ()),
-            // Update that keeps it.
-            4..=5 => c
+                .map(|_| ())
+                .map_err(|e| rekey::aws::error_chain(&e)),
+            // Update that keeps it (only of items that exist).
+            4..=5 => match c
                 .update_item()
                 .table_name(&table)
                 .key("PK", key)
                 .update_expression("SET v = :v")
                 .condition_expression("attribute_exists(PK)")
-                .expression_attribute_values(":v", AttributeValue::N(n.to_string()))
+                .expression_attribute_values(":v", v)
                 .send()
                 .await
-                .map(|_| ())
-                .or_else(|e| {
+            {
+                Ok(_) => Ok(()),
+                Err(e)
                     if e.as_service_error()
-                        .is_some_and(|s| s.is_conditional_check_failed_exception())
-                    {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                }),
+                        .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(rekey::aws::error_chain(&e)),
+            },
             // Delete.
             6..=7 => c
                 .delete_item()
@@ -113,7 +113,7 @@ async fn writer(env: &TestEnv, table: String, ids: u64, ops: usize, seed: u64) -
                 .send()
                 .await
                 .map(|_| ())
-                .map_err(|e| panic!("{e:?}")),
+                .map_err(|e| rekey::aws::error_chain(&e)),
             // (Re-)insert a whole item.
             _ => {
                 let it = order(id, STATUSES[rng.below(3) as usize], n as u64);
@@ -123,15 +123,10 @@ async fn writer(env: &TestEnv, table: String, ids: u64, ops: usize, seed: u64) -
                     .send()
                     .await
                     .map(|_| ())
-                    .map_err(|e| panic!("{e:?}"))
+                    .map_err(|e| rekey::aws::error_chain(&e))
             }
         };
-        r.unwrap_or_else(|e| {
-            panic!(
-                "writer: {}",
-                aws_smithy_types::error::display::DisplayErrorContext(&e)
-            )
-        });
+        r.unwrap_or_else(|e| panic!("writer: {e}"));
         done += 1;
         if n % 50 == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
