@@ -224,3 +224,102 @@ async fn backfill_and_tail_converge_under_live_writes() {
         "nothing lost, nothing left under an old key or resurrected, nothing stale"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.clients
+        .create_table(&source, &source_key(), true)
+        .await
+        .unwrap();
+    env.create_table(&target, &target_key()).await;
+    let seed: Vec<Item> = (0..1500)
+        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
+        .collect();
+    env.put(&source, &seed).await;
+    let text = plan_text(&source, &target);
+    let plan_path = env.file("plan.toml", &text);
+    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let state = env.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
+    let mut rng = Rng::from_time();
+    let endpoint = env.ddb.endpoint().to_string();
+    let tail_args = ["tail", plan_s, "--state-dir", state_s, "--json"];
+    let backfill_args = [
+        "backfill",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--json",
+        "--segments",
+        "3",
+        "--page-size",
+        "100",
+        "--write-rate",
+        "200",
+    ];
+
+    // Five kill points each, interleaved with the application's writes.
+    let first_tail = spawn_rekey(&tail_args, &endpoint);
+    let app = writer(&env, source.clone(), 1500, 2000, rng.next());
+    let kills = async {
+        let mut tail = first_tail;
+        let mut killed = (0, 0);
+        for round in 0..5 {
+            let mut backfill = spawn_rekey(&backfill_args, &endpoint);
+            tokio::time::sleep(Duration::from_millis(600 + rng.below(1200))).await;
+            if backfill.try_wait().unwrap().is_none() {
+                backfill.kill().unwrap();
+                killed.1 += 1;
+            }
+            backfill.wait().unwrap();
+            tokio::time::sleep(Duration::from_millis(200 + rng.below(800))).await;
+            tail.kill().unwrap();
+            tail.wait().unwrap();
+            killed.0 += 1;
+            eprintln!(
+                "round {round}: tail killed, backfill killed {} times so far",
+                killed.1
+            );
+            tail = spawn_rekey(&tail_args, &endpoint);
+        }
+        tail.kill().unwrap();
+        tail.wait().unwrap();
+        killed
+    };
+    let (ops, (tail_kills, backfill_kills)) = tokio::join!(app, kills);
+    eprintln!(
+        "application wrote {ops} changes; tail killed {tail_kills}×, backfill {backfill_kills}×"
+    );
+    assert!(
+        tail_kills >= 5 && backfill_kills >= 5,
+        "five kill points each"
+    );
+
+    // The writer has stopped: finish the backfill, then let the tail catch up.
+    let out = env.rekey(&backfill_args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.rekey(&[
+        "tail",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--json",
+        "--exit-when-idle",
+        "4",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let expected = expected_target(&plan, &env.scan_all(&source).await);
+    let actual = env.table_map(&target, &["PK", "SK"]).await;
+    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
+    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
+    let stale = expected
+        .iter()
+        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
+        .count();
+    assert_eq!((missing, extra, stale), (0, 0, 0), "converged after kills");
+}
