@@ -319,9 +319,11 @@ pub async fn run(
         );
         let live = live_items.clone();
         let progress = progress.clone();
+        let rcu = consumed_rcu.clone();
         tokio::spawn(async move {
             let mut control_file = ControlFile::watcher(&dir);
             let mut last_wcu = 0.0;
+            let mut last_rcu = 0.0;
             // One sample a second, for `status` and for measuring rate accuracy.
             let mut samples = std::fs::OpenOptions::new()
                 .create(true)
@@ -341,15 +343,18 @@ pub async fn run(
                     (l.totals.rejected, l.totals.written)
                 };
                 let write_limit = control.write.rate().await.unwrap_or(0.0);
+                let read_now = *rcu.lock().await;
                 let paused = control.is_paused();
                 progress.status(
                     format!(
-                        "{:.0} WCU/s (limit {write_limit:.0}), written {written}, rejects {rejected}, throttles {}{}",
+                        "{:.0} RCU/s, {:.0} WCU/s (limit {write_limit:.0}), written {written}, rejects {rejected}, throttles {}{}",
+                        read_now - last_rcu,
                         wcu - last_wcu,
                         stats.write_throttles + stats.read_throttles,
                         if paused { ", PAUSED" } else { "" }
                     ),
                     serde_json::json!({
+                        "rcu_per_sec": read_now - last_rcu,
                         "wcu_per_sec": wcu - last_wcu,
                         "write_limit": write_limit,
                         "written": written,
@@ -359,6 +364,7 @@ pub async fn run(
                     }),
                 );
                 last_wcu = wcu;
+                last_rcu = read_now;
                 let items = live.load(Ordering::Relaxed);
                 if let Some(f) = samples.as_mut() {
                     use std::io::Write as _;
