@@ -133,7 +133,7 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
         "300",
     ];
     let mut child = spawn_rekey(&args_slow, env.ddb.endpoint());
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    wait_for_progress(&state, Duration::from_secs(120)).await;
     assert!(
         child.try_wait().unwrap().is_none(),
         "still running when killed"

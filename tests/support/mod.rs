@@ -245,3 +245,25 @@ pub fn report(o: &Output) -> serde_json::Value {
     assert_eq!(v["event"], "done");
     v
 }
+
+/// Wait until a running backfill has committed progress (its once-a-second
+/// `progress.jsonl` sample shows scanned items), so a kill lands mid-run
+/// however slow the machine. Panics after `timeout`.
+pub async fn wait_for_progress(state_dir: &Path, timeout: std::time::Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(state_dir.join("progress.jsonl")).unwrap_or_default();
+        if text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|v| v["scanned"].as_u64() > Some(0))
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "no backfill progress within {timeout:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
