@@ -164,8 +164,10 @@ struct ShardState {
     seq: Option<String>,
     /// Closed and read to its end.
     finished: bool,
-    /// When the record at `seq` was written (epoch seconds): to detect a
-    /// checkpoint older than the stream's retention.
+    /// When this checkpoint was last confirmed (epoch seconds, the tail's
+    /// clock). A tail that has been away longer than the stream's retention
+    /// may have missed trimmed records. (Not the record's own time: on a quiet
+    /// table the last record may be days old while the checkpoint is current.)
     at: Option<f64>,
 }
 
@@ -314,7 +316,6 @@ pub async fn run(
             };
             let records = out.records();
             let mut seq = state.seq.clone();
-            let mut at = state.at;
             for r in records {
                 let Some(d) = r.dynamodb() else { continue };
                 let kind = match r.event_name() {
@@ -355,7 +356,6 @@ pub async fn run(
                     report.buffered += 1;
                 }
                 seq = Some(s);
-                at = Some(created);
             }
             got_any |= !records.is_empty();
             let finished_now = out.next_shard_iterator().is_none();
@@ -369,7 +369,7 @@ pub async fn run(
                     serde_json::to_value(ShardState {
                         seq,
                         finished: finished_now,
-                        at,
+                        at: Some(now_secs()),
                     })?,
                 ),
                 ("tail/rejects_len", serde_json::to_value(len)?),
