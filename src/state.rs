@@ -29,6 +29,9 @@ pub enum StateError {
     Store { dir: PathBuf, detail: String },
 }
 
+/// sled's page cache: enough for checkpoints and a hot part of the claim index.
+const CACHE_BYTES: u64 = 32 * 1024 * 1024;
+
 pub struct StateStore {
     db: sled::Db,
     dir: PathBuf,
@@ -55,8 +58,11 @@ impl StateStore {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| store_err(format!("cannot restrict permissions: {e}")))?;
         }
+        // sled caches up to 1 GiB by default; the claim index has an entry per
+        // item, so without a cap memory would grow with the table.
         let db = sled::Config::new()
             .path(dir.join("db"))
+            .cache_capacity(CACHE_BYTES)
             .open()
             .map_err(|e| {
                 let text = e.to_string();
