@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared by the scripts in scripts/bench (sourced, not run).
 # Starts DynamoDB Local on a free port in a temp dir and stops it on exit.
 
@@ -66,7 +67,7 @@ json_field() {
 }
 
 machine() {
-  echo "rekey: $REKEY built $(date -u -r "$REKEY" '+%F %T UTC'); repo at $(git -C "$ROOT" describe --always --dirty --exclude '*' 2>/dev/null || echo unknown)"
+  echo "rekey: $REKEY built $(date -u -r "$REKEY" '+%F %T UTC'); repo HEAD now $(git -C "$ROOT" describe --always --dirty --exclude '*' 2>/dev/null || echo unknown) (the binary may be older)"
   echo "machine: nproc=$(nproc), cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')\", memory=$(grep MemTotal /proc/meminfo | awk '{print $2, $3}') (shared 2-core machine: other builds/tests may run)"
 }
 
