@@ -28,6 +28,25 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Long-running commands stream JSON progress events with `--json`.
+fn stream_mode(quiet: bool, json: bool) -> ProgressMode {
+    match (quiet, json) {
+        (true, _) => ProgressMode::Quiet,
+        (false, true) => ProgressMode::Json,
+        (false, false) => ProgressMode::Auto,
+    }
+}
+
+/// The last line of a `--json` event stream: the report, marked `"event": "done"`.
+fn print_done<T: serde::Serialize>(report: &T) -> anyhow::Result<()> {
+    let mut v = serde_json::to_value(report)?;
+    if let Some(m) = v.as_object_mut() {
+        m.insert("event".into(), "done".into());
+    }
+    println!("{v}");
+    Ok(())
+}
+
 /// Run one command; the result is the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let quiet = cli.quiet;
@@ -104,21 +123,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 export_files_in_parallel: a.export_parallel,
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
-            let progress = Progress::new(if quiet {
-                ProgressMode::Quiet
-            } else if a.json {
-                ProgressMode::Json
-            } else {
-                ProgressMode::Auto
-            });
+            let progress = Progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
-                // The last line of the event stream: the report.
-                let mut v = serde_json::to_value(&report)?;
-                if let Some(m) = v.as_object_mut() {
-                    m.insert("event".into(), "done".into());
-                }
-                println!("{v}");
+                print_done(&report)?;
             } else {
                 let t = &report.totals;
                 println!(
@@ -171,20 +179,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 poll_interval: std::time::Duration::from_millis(250),
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
-            let progress = Progress::new(if quiet {
-                ProgressMode::Quiet
-            } else if a.json {
-                ProgressMode::Json
-            } else {
-                ProgressMode::Auto
-            });
+            let progress = Progress::new(stream_mode(quiet, a.json));
             let report = tail::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
-                let mut v = serde_json::to_value(&report)?;
-                if let Some(m) = v.as_object_mut() {
-                    m.insert("event".into(), "done".into());
-                }
-                println!("{v}");
+                print_done(&report)?;
             } else {
                 println!(
                     "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} rejected; last lag {:.1} s",

@@ -91,24 +91,11 @@ fn seed() -> Vec<Item> {
     items
 }
 
-fn key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn analyze_reports_exact_counts_on_a_seeded_table() {
     let env = TestEnv::start().await;
     let table = env.table_name("orders");
-    env.create_table(&table, &key()).await;
+    env.create_table(&table, &pk_sk()).await;
     let items = seed();
     env.put(&table, &items).await;
 

@@ -6,23 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use rekey::plan::{KeyAttr, KeySchema, Plan};
-use rekey::value::{Item, ScalarType, Value};
+use rekey::plan::Plan;
+use rekey::value::{Item, Value};
 use serde_json::Value as Json;
 use support::*;
-
-fn key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
-    }
-}
 
 fn plan_text(source: &str, target: &str) -> String {
     format!(
@@ -108,8 +95,8 @@ async fn setup(n: usize) -> Setup {
     let env = TestEnv::start().await;
     let source = env.table_name("src");
     let target = env.table_name("dst");
-    env.create_table(&source, &key()).await;
-    env.create_table(&target, &key()).await;
+    env.create_table(&source, &pk_sk()).await;
+    env.create_table(&target, &pk_sk()).await;
     let items = workload(n);
     env.put(&source, &items).await;
     let text = plan_text(&source, &target);

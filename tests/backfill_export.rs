@@ -9,25 +9,12 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use rekey::export::write_export;
-use rekey::plan::{KeyAttr, KeySchema, Plan};
-use rekey::value::{Item, ScalarType, encode_key};
+use rekey::plan::Plan;
+use rekey::value::{Item, encode_key};
 use serde_json::Value as Json;
 use support::*;
 
 const EXPORT_ID: &str = "01700000000000-abcdef12";
-
-fn key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
-    }
-}
 
 fn plan_text(target: &str) -> String {
     format!(
@@ -88,8 +75,8 @@ fn export_with_a_bad_line(dir: &std::path::Path, items: &[Item]) -> Item {
 async fn setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf) {
     let target = env.table_name("dst");
     // The plan names the source table "src".
-    env.clients.create_table("src", &key(), false).await.ok();
-    env.create_table(&target, &key()).await;
+    env.clients.create_table("src", &pk_sk(), false).await.ok();
+    env.create_table(&target, &pk_sk()).await;
     let text = plan_text(&target);
     let plan_path = env.file("plan.toml", &text);
     (target, Plan::parse(&text, &plan_path).unwrap(), plan_path)

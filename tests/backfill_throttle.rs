@@ -5,24 +5,11 @@
 
 mod support;
 
-use rekey::plan::{KeyAttr, KeySchema, Plan};
+use rekey::plan::Plan;
 use rekey::proxy::{Faults, Proxy, ProxyOptions};
-use rekey::value::{Item, ScalarType};
+use rekey::value::Item;
 use serde_json::Value as Json;
 use support::*;
-
-fn key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
-    }
-}
 
 fn plan_text(source: &str, target: &str) -> String {
     format!(
@@ -71,8 +58,8 @@ async fn prepare(items: &[Item]) -> Run {
     let env = TestEnv::start().await;
     let source = env.table_name("src");
     let target = env.table_name("dst");
-    env.create_table(&source, &key()).await;
-    env.create_table(&target, &key()).await;
+    env.create_table(&source, &pk_sk()).await;
+    env.create_table(&target, &pk_sk()).await;
     env.put(&source, items).await;
     let text = plan_text(&source, &target);
     let plan_path = env.file("plan.toml", &text);

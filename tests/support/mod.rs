@@ -267,3 +267,19 @@ pub async fn wait_for_progress(state_dir: &Path, timeout: std::time::Duration) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// The key schema most tests use: `PK` (S) and `SK` (S).
+pub fn pk_sk() -> KeySchema {
+    use rekey::plan::KeyAttr;
+    use rekey::value::ScalarType;
+    KeySchema {
+        partition_key: KeyAttr {
+            name: "PK".into(),
+            ty: ScalarType::S,
+        },
+        sort_key: Some(KeyAttr {
+            name: "SK".into(),
+            ty: ScalarType::S,
+        }),
+    }
+}
