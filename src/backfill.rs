@@ -3,7 +3,7 @@
 //!
 //! The data path: a parallel Scan (or an S3 export) yields pages; each item
 //! goes through the pure [`transform`]; each target key is claimed in the
-//! state store's on-disk index (a second source item claiming it is a
+//! on-disk [`crate::claims`] index (a second source item claiming it is a
 //! collision: rejected, never written); the page's items are written with
 //! BatchWriteItem, interleaved across target keys and paced per key; when
 //! every write of a page is acknowledged, the page's resume point, the
@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::claims::Claims;
 use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -214,6 +215,7 @@ impl Writer {
 /// Shared state of a run: counters, rejects file, checkpoint commits.
 struct Ledger {
     store: StateStore,
+    claims: Claims,
     totals: Counters,
     this_run: Counters,
     rejects: RejectsFile,
@@ -300,8 +302,10 @@ pub async fn run(
         max_retries: opts.max_retries,
         consumed_wcu: Mutex::new(0.0),
     });
+    let claims = Claims::open(&opts.state_dir.join("claims.redb"))?;
     let ledger = Arc::new(Mutex::new(Ledger {
         store,
+        claims,
         totals,
         this_run: Counters::default(),
         rejects,
@@ -625,39 +629,49 @@ async fn process_page(
     let mut rejects = Vec::new();
     let mut puts = Vec::new();
     let mut sources = Vec::new();
+    let mut pairs = Vec::new();
     let target_names = plan.target_key.names();
     let source_names = plan.source_key.names();
-    {
-        let l = ledger.lock().await;
-        for item in items {
-            match transform(plan, item) {
-                Outcome::Put { item: out, .. } => {
-                    let tk = encode_key(&out, &target_names).unwrap_or_default();
-                    let sk = encode_key(item, &source_names).unwrap_or_default();
-                    if let Some(other) = l.store.claim_target(&tk, &sk)? {
-                        c.rejected += 1;
-                        c.collisions += 1;
-                        rejects.push((
-                            item.clone(),
-                            format!(
-                                "collision: target key {} already belongs to source item {} — never overwritten",
-                                decode_key(&tk).join(" / "),
-                                decode_key(&other).join(" / ")
-                            ),
-                        ));
-                        continue;
-                    }
-                    puts.push(out);
-                    sources.push(item);
-                }
-                Outcome::Reject(r) => {
-                    c.rejected += 1;
-                    rejects.push((item.clone(), r.to_string()));
-                }
-                Outcome::Skip => c.skipped += 1,
+    for item in items {
+        match transform(plan, item) {
+            Outcome::Put { item: out, .. } => {
+                let tk = encode_key(&out, &target_names).unwrap_or_default();
+                let sk = encode_key(item, &source_names).unwrap_or_default();
+                pairs.push((tk, sk));
+                puts.push(out);
+                sources.push(item);
+            }
+            Outcome::Reject(r) => {
+                c.rejected += 1;
+                rejects.push((item.clone(), r.to_string()));
+            }
+            Outcome::Skip => c.skipped += 1,
+        }
+    }
+    // Claims are durable before anything is written (see claims.rs).
+    let owners = ledger.lock().await.claims.claim_all(&pairs)?;
+    let mut claimed = (Vec::new(), Vec::new());
+    for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(&pairs).zip(owners) {
+        match owner {
+            None => {
+                claimed.0.push(out);
+                claimed.1.push(src);
+            }
+            Some(other) => {
+                c.rejected += 1;
+                c.collisions += 1;
+                rejects.push((
+                    src.clone(),
+                    format!(
+                        "collision: target key {} already belongs to source item {} — never overwritten",
+                        decode_key(tk).join(" / "),
+                        decode_key(&other).join(" / ")
+                    ),
+                ));
             }
         }
     }
+    let (puts, sources) = claimed;
     for (refused, src) in writer.write(puts).await?.into_iter().zip(sources) {
         match refused {
             None => c.written += 1,

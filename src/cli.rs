@@ -18,6 +18,8 @@ pub mod exit {
     pub const FAILURE: i32 = 1;
     /// Bad input: a malformed plan, sample file or argument.
     pub const BAD_INPUT: i32 = 2;
+    /// A gate was not met in time: the drain barrier (and later cutover's gates).
+    pub const GATE: i32 = 3;
     /// An AWS call failed: unreachable endpoint, missing table, missing permission.
     pub const AWS: i32 = 5;
 }
@@ -90,6 +92,9 @@ pub enum Command {
     Backfill(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
+    /// Prove the tail has applied every source write made before now: write a
+    /// marker item into the source and wait until the running tail reports it.
+    Drain(DrainArgs),
     /// Pause, resume or change the rates of a running backfill (through its state directory).
     Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
@@ -149,6 +154,18 @@ pub struct TailArgs {
     /// Rejected items (default: <state dir>/tail-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Give up (exit 3) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout: f64,
     #[arg(long)]
     pub json: bool,
 }

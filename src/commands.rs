@@ -10,7 +10,7 @@ use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
 use crate::rejects::RejectsFile;
 use crate::tail::{self, TailOptions};
-use crate::{check, demo, state};
+use crate::{barrier, check, demo, state};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
     AnalyzeOptions {
@@ -195,6 +195,44 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             Ok(exit::OK)
+        }
+        Command::Drain(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            if !barrier::tail_has_run(&state_dir) {
+                eprintln!(
+                    "note: no tail has published status under {} yet; waiting for one to start",
+                    state_dir.display()
+                );
+            }
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let opts = barrier::DrainOptions {
+                state_dir,
+                timeout: std::time::Duration::from_secs_f64(a.timeout.max(0.0)),
+            };
+            let report = barrier::drain(&clients, &plan, &opts).await?;
+            if a.json {
+                print_json(&report)?;
+            } else if report.complete {
+                println!(
+                    "drained: the tail applied every source write made before barrier {} ({:.1} s)",
+                    report.barrier, report.waited_seconds
+                );
+            } else {
+                println!(
+                    "not drained: the tail did not report barrier {} within {:.0} s — is `rekey tail` running and keeping up?",
+                    report.barrier, report.waited_seconds
+                );
+            }
+            Ok(if report.complete {
+                exit::OK
+            } else {
+                exit::GATE
+            })
         }
         Command::Control(a) => {
             // The plan must load: controlling a migration of a broken plan is a mistake.

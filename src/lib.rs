@@ -20,9 +20,13 @@
 //! * [`scan`] — parallel segmented Scan, page by page, under a [`rate`] budget.
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
 //! * [`tail`] — DynamoDB Streams into the target, per-item order across shard
-//!   lineage, buffered until the backfill is complete.
+//!   lineage, buffered until the backfill is complete; publishes its lag.
+//! * [`barrier`] — the drain barrier: a marker written to the source that
+//!   proves the tail has applied everything before it.
 //! * [`state`] — owns sled: the per-plan state directory, checkpoints,
 //!   the plan fingerprint.
+//! * [`claims`] — the backfill's on-disk claim index (target key → source
+//!   key) that catches collisions before anything is written, in flat memory.
 //! * [`spill`] — external sort-aggregate: exact counts over more keys than fit
 //!   in memory.
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
@@ -43,9 +47,11 @@
 pub mod analyze;
 pub mod aws;
 pub mod backfill;
+pub mod barrier;
 pub mod bucket;
 pub mod check;
 pub mod child;
+pub mod claims;
 pub mod cli;
 pub mod commands;
 pub mod control;

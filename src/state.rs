@@ -29,8 +29,9 @@ pub enum StateError {
     Store { dir: PathBuf, detail: String },
 }
 
-/// sled's page cache: enough for checkpoints and a hot part of the claim index.
-const CACHE_BYTES: u64 = 32 * 1024 * 1024;
+/// sled's page cache. The store holds checkpoints and counters — a few keys
+/// per segment or export file — so a small cache is plenty.
+const CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 pub struct StateStore {
     db: sled::Db,
@@ -58,8 +59,8 @@ impl StateStore {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| store_err(format!("cannot restrict permissions: {e}")))?;
         }
-        // sled caches up to 1 GiB by default; the claim index has an entry per
-        // item, so without a cap memory would grow with the table.
+        // sled caches up to 1 GiB by default. Nothing per item lives here (the
+        // claim index is in claims.rs, on redb), so the cache stays small.
         let db = sled::Config::new()
             .path(dir.join("db"))
             .cache_capacity(CACHE_BYTES)
@@ -145,35 +146,14 @@ impl StateStore {
         self.db.flush().map(|_| ()).map_err(|e| self.err(e))
     }
 
-    /// Record that `source` writes `target`. Returns the other source key if
-    /// a different source item claimed this target key first — a collision,
-    /// caught before anything is written, exactly, across restarts, in
-    /// bounded memory (the index lives on disk).
-    pub fn claim_target(
-        &self,
-        target: &[u8],
-        source: &[u8],
-    ) -> Result<Option<Vec<u8>>, StateError> {
-        let tree = self.db.open_tree("targets").map_err(|e| self.err(e))?;
-        match tree
-            .compare_and_swap(target, None as Option<&[u8]>, Some(source))
-            .map_err(|e| self.err(e))?
-        {
-            Ok(()) => Ok(None),
-            Err(cas) => match cas.current {
-                Some(cur) if cur.as_ref() != source => Ok(Some(cur.to_vec())),
-                _ => Ok(None),
-            },
-        }
-    }
-
-    /// Every key under `prefix`, with its value.
-    pub fn scan_prefix<T: DeserializeOwned>(
+    /// The first `limit` keys under `prefix`, in key order, with their values.
+    pub fn scan_prefix_limit<T: DeserializeOwned>(
         &self,
         prefix: &str,
+        limit: usize,
     ) -> Result<Vec<(String, T)>, StateError> {
         let mut out = Vec::new();
-        for kv in self.db.scan_prefix(prefix) {
+        for kv in self.db.scan_prefix(prefix).take(limit) {
             let (k, v) = kv.map_err(|e| self.err(e))?;
             let key = String::from_utf8_lossy(&k).into_owned();
             let val = serde_json::from_slice(&v)
@@ -181,6 +161,14 @@ impl StateStore {
             out.push((key, val));
         }
         Ok(out)
+    }
+
+    /// Every key under `prefix`, with its value.
+    pub fn scan_prefix<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, StateError> {
+        self.scan_prefix_limit(prefix, usize::MAX)
     }
 }
 
@@ -227,20 +215,6 @@ mod tests {
         let e = StateStore::open(dir.path(), &other).err().unwrap();
         assert!(matches!(e, StateError::PlanChanged { .. }), "{e}");
         assert!(e.to_string().contains("the plan changed"));
-    }
-
-    #[test]
-    fn target_claims_find_collisions_and_allow_reruns() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = StateStore::open(dir.path(), &plan("name = \"x\"")).unwrap();
-        assert_eq!(s.claim_target(b"t1", b"s1").unwrap(), None);
-        assert_eq!(
-            s.claim_target(b"t1", b"s1").unwrap(),
-            None,
-            "the same source again: a rerun"
-        );
-        assert_eq!(s.claim_target(b"t1", b"s2").unwrap(), Some(b"s1".to_vec()));
-        assert_eq!(s.claim_target(b"t2", b"s2").unwrap(), None);
     }
 
     #[test]

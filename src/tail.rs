@@ -11,25 +11,35 @@
 //! moves only after the writes or buffer entries it covers are durable.
 //!
 //! The tail keeps its own sled store (`<state dir>/tail`), so it can run as a
-//! process of its own beside `rekey backfill`.
+//! process of its own beside `rekey backfill`. About once a second it
+//! publishes its lag per shard, the time up to which every source write is
+//! applied (`applied_through`) and the drain barriers it has seen, in the
+//! store and in `<state dir>/tail/status.json` (written atomically), which
+//! `status`, `verify` and `drain` read without taking the store's lock.
+//!
+//! Records of one response are applied in parallel lanes, one lane per source
+//! item: changes to one item stay in stream order, different items need no
+//! order between them (two source items never share a target key: the
+//! backfill rejects collisions).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use aws_sdk_dynamodbstreams::types::{OperationType, ShardIteratorType};
+use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::aws::{AwsError, Clients, to_sdk_item};
+use crate::barrier::{BarrierState, marker_id};
 use crate::plan::{Plan, TtlDeletes};
 use crate::progress::Progress;
 use crate::rate::Control;
 use crate::rejects::RejectsFile;
 use crate::state::StateStore;
 use crate::transform::{Outcome, transform};
-use crate::value::{Item, Value};
+use crate::value::{Item, Value, encode_key};
 use crate::write::{backoff, jitter};
 
 /// Written by the backfill when it is complete; the tail applies nothing before.
@@ -213,6 +223,137 @@ fn streams_item(
 
 const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
 
+/// How long after a write its record is assumed readable from the stream: a
+/// read that finds a shard empty at `t` is taken to cover writes before
+/// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
+/// second; the drain barrier does not rely on this.)
+const STREAM_DELAY_SECONDS: f64 = 1.0;
+
+/// Source items applied at once from one response (see the module docs).
+const LANES: usize = 16;
+
+/// What the tail publishes about itself (`<state dir>/tail/status.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TailStatus {
+    pub pid: u32,
+    pub updated_at: String,
+    /// Every source write made before this instant is applied to the target
+    /// (None while the backfill runs and changes are only buffered).
+    pub applied_through: Option<String>,
+    /// The largest shard lag: age of the oldest change not yet applied.
+    pub lag_seconds: Option<f64>,
+    pub backfill_done: bool,
+    pub records: u64,
+    pub buffered: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    pub rejected: u64,
+    pub shards: Vec<ShardStatus>,
+    pub barriers: BTreeMap<String, BarrierState>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShardStatus {
+    pub shard_id: String,
+    /// waiting (for its parent), open, closed (still being read) or finished.
+    pub state: String,
+    pub last_sequence: Option<String>,
+    /// Creation time of the last record applied or buffered (RFC 3339).
+    pub last_record_at: Option<String>,
+    pub lag_seconds: Option<f64>,
+}
+
+pub fn status_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("tail").join("status.json")
+}
+
+/// The tail's last published status, if it has ever run.
+pub fn read_status(path: &Path) -> anyhow::Result<Option<TailStatus>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("{} is corrupt", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
+#[derive(Debug, Clone, Default)]
+struct ShardProgress {
+    /// Creation time of the newest record applied (or buffered).
+    record_at: Option<f64>,
+    /// Start of the last read that found nothing new: the shard was drained then.
+    empty_read_at: Option<f64>,
+}
+
+/// Lag and `applied_through` from the per-shard progress: the pure half of
+/// what the tail publishes.
+fn lag_and_through(
+    open: &[&str],
+    progress: &HashMap<String, ShardProgress>,
+    now: f64,
+) -> (Option<f64>, f64) {
+    let mut lag: Option<f64> = None;
+    let mut through = now - STREAM_DELAY_SECONDS;
+    for id in open {
+        let p = progress.get(*id).cloned().unwrap_or_default();
+        let drained_at = p.empty_read_at.map(|t| t - STREAM_DELAY_SECONDS);
+        let shard_through = match (p.record_at, drained_at) {
+            (Some(r), Some(d)) => r.max(d),
+            (Some(r), None) => r,
+            (None, Some(d)) => d,
+            (None, None) => f64::NEG_INFINITY,
+        };
+        through = through.min(shard_through);
+        let shard_lag = match (p.empty_read_at, p.record_at) {
+            (Some(e), Some(r)) if e >= r => 0.0,
+            (Some(_), None) => 0.0,
+            (_, Some(r)) => (now - r).max(0.0),
+            (None, None) => f64::INFINITY,
+        };
+        lag = Some(lag.map_or(shard_lag, |l: f64| l.max(shard_lag)));
+    }
+    (lag.filter(|l| l.is_finite()), through)
+}
+
+/// A barrier is complete when every open shard has moved past it: drained by
+/// a read that started after the marker was applied, or applied a record from
+/// a later second than the marker's (creation times are whole seconds).
+fn barrier_complete(
+    barrier: &BarrierState,
+    marker_at: f64,
+    open: &[&str],
+    progress: &HashMap<String, ShardProgress>,
+) -> bool {
+    open.iter().all(|id| {
+        let p = progress.get(*id).cloned().unwrap_or_default();
+        p.empty_read_at.is_some_and(|t| t >= barrier.observed_at)
+            || p.record_at.is_some_and(|r| r >= marker_at.floor() + 1.0)
+    })
+}
+
+fn rfc3339(secs: f64) -> String {
+    chrono::DateTime::from_timestamp_millis((secs * 1000.0) as i64)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The tail's state between loop turns.
+struct Tail<'a> {
+    clients: &'a Clients,
+    plan: &'a Plan,
+    opts: &'a TailOptions,
+    store: StateStore,
+    control: Control,
+    rejects: RejectsFile,
+    report: TailReport,
+    progress: HashMap<String, ShardProgress>,
+    /// Barrier id → (state, marker creation time).
+    barriers: BTreeMap<String, (BarrierState, f64)>,
+    published: Option<Instant>,
+}
+
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
@@ -236,28 +377,43 @@ pub async fn run(
         ))),
     };
     let store = StateStore::open(&opts.state_dir.join("tail"), plan)?;
-    let mut rejects =
+    let rejects =
         RejectsFile::open_truncated(&opts.rejects, store.get("tail/rejects_len")?.unwrap_or(0))?;
-    let control = Arc::new(Control::new(None, opts.write_rate));
-    let mut report = TailReport::default();
+    let barriers = store
+        .scan_prefix::<(BarrierState, f64)>("tail/barrier/")?
+        .into_iter()
+        .map(|(k, v)| (k.trim_start_matches("tail/barrier/").to_string(), v))
+        .collect();
+    let mut t = Tail {
+        clients,
+        plan,
+        opts,
+        store,
+        control: Control::new(None, opts.write_rate),
+        rejects,
+        report: TailReport::default(),
+        progress: HashMap::new(),
+        barriers,
+        published: None,
+    };
     let mut iterators: HashMap<String, String> = HashMap::new();
     let mut last_record = Instant::now();
     progress.start("tail", None);
     loop {
         let backfill_done = opts.state_dir.join(BACKFILL_DONE).exists();
-        if backfill_done && store.get::<bool>("tail/buffer_drained")? != Some(true) {
-            drain_buffer(clients, plan, &store, &control, &mut rejects, &mut report).await?;
-            store.put("tail/buffer_drained", &true)?;
-            store.flush()?;
+        if backfill_done && !t.drained()? {
+            t.drain_buffer().await?;
+            t.store.put("tail/buffer_drained", &true)?;
+            t.store.flush()?;
         }
         let shards = describe_shards(clients, &stream).await?;
-        report.shards = shards.len();
+        t.report.shards = shards.len();
         let states: HashMap<String, ShardState> = shards
             .iter()
             .map(|s| {
                 Ok((
                     s.id.clone(),
-                    store
+                    t.store
                         .get::<ShardState>(&format!("tail/shard/{}", s.id))?
                         .unwrap_or_default(),
                 ))
@@ -268,9 +424,10 @@ pub async fn run(
             .filter(|(_, s)| s.finished)
             .map(|(k, _)| k.clone())
             .collect();
+        let ready = ready_shards(&shards, &finished);
         let mut got_any = false;
-        for shard in ready_shards(&shards, &finished) {
-            let state = states.get(&shard).cloned().unwrap_or_default();
+        for shard in &ready {
+            let state = states.get(shard).cloned().unwrap_or_default();
             if let Some(at) = state.at
                 && now_secs() - at > RETENTION_SECONDS
             {
@@ -279,10 +436,11 @@ pub async fn run(
                          a new backfill is needed (start it with a fresh --state-dir)"
                 );
             }
-            let iterator = match iterators.remove(&shard) {
+            let iterator = match iterators.remove(shard) {
                 Some(i) => i,
-                None => shard_iterator(clients, &stream, &shard, state.seq.as_deref()).await?,
+                None => shard_iterator(clients, &stream, shard, state.seq.as_deref()).await?,
             };
+            let read_at = now_secs();
             let out = clients
                 .streams
                 .get_records()
@@ -314,9 +472,9 @@ pub async fn run(
                     return Err(err.into());
                 }
             };
-            let records = out.records();
+            let mut changes = Vec::new();
             let mut seq = state.seq.clone();
-            for r in records {
+            for r in out.records() {
                 let Some(d) = r.dynamodb() else { continue };
                 let kind = match r.event_name() {
                     Some(OperationType::Insert) => ChangeKind::Insert,
@@ -338,32 +496,34 @@ pub async fn run(
                     at: created,
                 };
                 let s = d.sequence_number().unwrap_or_default().to_string();
-                report.records += 1;
-                if opts.state_dir.join(BACKFILL_DONE).exists()
-                    && store.get::<bool>("tail/buffer_drained")? == Some(true)
-                {
-                    apply(clients, plan, &change, &control, &mut rejects, &mut report).await?;
-                    report.last_lag_seconds = (now_secs() - created).max(0.0);
-                } else {
-                    store.put(
-                        &format!(
-                            "tail/buf/{:04}/{shard}/{}",
-                            depth(&shards, &shard),
-                            seq_key(&s)
-                        ),
-                        &change,
-                    )?;
-                    report.buffered += 1;
-                }
+                changes.push((s.clone(), change));
                 seq = Some(s);
             }
-            got_any |= !records.is_empty();
+            t.report.records += changes.len() as u64;
+            got_any |= !changes.is_empty();
+            let newest = changes.last().map(|(_, c)| c.at);
+            if t.drained()? && opts.state_dir.join(BACKFILL_DONE).exists() {
+                t.apply_all(changes.into_iter().map(|(_, c)| c).collect())
+                    .await?;
+            } else {
+                let d = depth(&shards, shard);
+                for (s, change) in &changes {
+                    t.store
+                        .put(&format!("tail/buf/{d:04}/{shard}/{}", seq_key(s)), change)?;
+                    t.report.buffered += 1;
+                }
+            }
+            let p = t.progress.entry(shard.clone()).or_default();
+            match newest {
+                Some(at) => p.record_at = Some(p.record_at.map_or(at, |r| r.max(at))),
+                None => p.empty_read_at = Some(read_at),
+            }
             let finished_now = out.next_shard_iterator().is_none();
             if let Some(next) = out.next_shard_iterator() {
                 iterators.insert(shard.clone(), next.to_string());
             }
-            let len = rejects.flush_len()?;
-            store.put_batch(&[
+            let len = t.rejects.flush_len()?;
+            t.store.put_batch(&[
                 (
                     &format!("tail/shard/{shard}"),
                     serde_json::to_value(ShardState {
@@ -374,22 +534,15 @@ pub async fn run(
                 ),
                 ("tail/rejects_len", serde_json::to_value(len)?),
             ])?;
-            store.flush()?;
+            t.store.flush()?;
         }
-        progress.status(
-            format!(
-                "{} records, {} buffered, lag {:.1} s",
-                report.records, report.buffered, report.last_lag_seconds
-            ),
-            serde_json::to_value(&report)?,
-        );
-        progress.update(report.records, 0.0);
+        // Busy: about once a second. Idle: every turn, so the last word is current.
+        t.publish(&shards, &ready, &finished, &states, progress, got_any)?;
         if got_any {
             last_record = Instant::now();
         } else {
-            let drained = store.get::<bool>("tail/buffer_drained")? == Some(true);
             if let Some(idle) = opts.exit_when_idle
-                && drained
+                && t.drained()?
                 && last_record.elapsed() >= idle
             {
                 break;
@@ -398,8 +551,210 @@ pub async fn run(
         }
     }
     progress.finish();
-    rejects.flush_len()?;
-    Ok(report)
+    t.rejects.flush_len()?;
+    Ok(t.report)
+}
+
+impl Tail<'_> {
+    fn drained(&self) -> anyhow::Result<bool> {
+        Ok(self.store.get::<bool>("tail/buffer_drained")? == Some(true))
+    }
+
+    /// Apply the durable buffer in lineage order, a chunk at a time, deleting
+    /// each chunk's entries once its writes are acknowledged.
+    async fn drain_buffer(&mut self) -> anyhow::Result<()> {
+        const CHUNK: usize = 1000;
+        loop {
+            let chunk = self.store.scan_prefix_limit::<Change>("tail/buf/", CHUNK)?;
+            if chunk.is_empty() {
+                break;
+            }
+            let keys: Vec<String> = chunk.iter().map(|(k, _)| k.clone()).collect();
+            self.apply_all(chunk.into_iter().map(|(_, c)| c).collect())
+                .await?;
+            for k in keys {
+                self.store.remove(&k)?;
+            }
+            self.store.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Apply changes in stream order per source item, items in parallel lanes.
+    async fn apply_all(&mut self, changes: Vec<Change>) -> anyhow::Result<()> {
+        let names = self.plan.source_key.names();
+        let mut lane_of: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut lanes: Vec<Vec<Change>> = Vec::new();
+        let mut markers = Vec::new();
+        for c in changes {
+            if c.kind == ChangeKind::Insert
+                && let Some(id) = c.new.as_ref().and_then(|n| marker_id(self.plan, n))
+            {
+                markers.push((id, c.at));
+            }
+            let key = c
+                .new
+                .as_ref()
+                .or(c.old.as_ref())
+                .and_then(|i| encode_key(i, &names))
+                .unwrap_or_default();
+            let n = lanes.len();
+            let lane = *lane_of.entry(key).or_insert(n);
+            if lane == n {
+                lanes.push(Vec::new());
+            }
+            lanes[lane].push(c);
+        }
+        let (clients, plan, control) = (self.clients, self.plan, &self.control);
+        let results: Vec<anyhow::Result<LaneResult>> = stream::iter(lanes)
+            .map(|lane| async move {
+                let mut r = LaneResult::default();
+                for change in &lane {
+                    for action in actions(plan, change) {
+                        apply_action(clients, plan, control, action, &mut r).await?;
+                    }
+                    r.newest = Some(r.newest.map_or(change.at, |n: f64| n.max(change.at)));
+                }
+                Ok(r)
+            })
+            .buffer_unordered(LANES)
+            .collect()
+            .await;
+        for r in results {
+            let r = r?;
+            self.report.puts += r.puts;
+            self.report.deletes += r.deletes;
+            for (item, reason) in r.rejects {
+                self.rejects.write(&item, &format!("tail: {reason}"))?;
+                self.report.rejected += 1;
+            }
+            if let Some(at) = r.newest {
+                self.report.last_lag_seconds = (now_secs() - at).max(0.0);
+            }
+        }
+        // Everything before a marker in its shard came before it in this call,
+        // and every write of the call is acknowledged now: the barrier is observed.
+        let now = now_secs();
+        for (id, marker_at) in markers {
+            if !self.barriers.contains_key(&id) {
+                let b = BarrierState {
+                    observed_at: now,
+                    complete_at: None,
+                };
+                self.store
+                    .put(&format!("tail/barrier/{id}"), &(b.clone(), marker_at))?;
+                self.barriers.insert(id, (b, marker_at));
+            }
+        }
+        Ok(())
+    }
+
+    /// Lag, applied_through and barriers: into the store and status.json, at
+    /// most about once a second.
+    fn publish(
+        &mut self,
+        shards: &[ShardInfo],
+        ready: &[String],
+        finished: &HashSet<String>,
+        states: &HashMap<String, ShardState>,
+        progress: &Progress,
+        busy: bool,
+    ) -> anyhow::Result<()> {
+        if busy
+            && self
+                .published
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(900))
+        {
+            return Ok(());
+        }
+        self.published = Some(Instant::now());
+        let now = now_secs();
+        let applying = self.drained()? && self.opts.state_dir.join(BACKFILL_DONE).exists();
+        let open: Vec<&str> = ready.iter().map(String::as_str).collect();
+        let (lag, through) = lag_and_through(&open, &self.progress, now);
+        if applying {
+            for (id, (b, marker_at)) in self.barriers.iter_mut() {
+                if b.complete_at.is_none() && barrier_complete(b, *marker_at, &open, &self.progress)
+                {
+                    b.complete_at = Some(now);
+                    self.store
+                        .put(&format!("tail/barrier/{id}"), &(b.clone(), *marker_at))?;
+                }
+            }
+        }
+        let status = TailStatus {
+            pid: std::process::id(),
+            updated_at: rfc3339(now),
+            applied_through: (applying && through.is_finite()).then(|| rfc3339(through)),
+            lag_seconds: if applying { lag } else { None },
+            backfill_done: self.opts.state_dir.join(BACKFILL_DONE).exists(),
+            records: self.report.records,
+            buffered: self.report.buffered,
+            puts: self.report.puts,
+            deletes: self.report.deletes,
+            rejected: self.report.rejected,
+            shards: shards
+                .iter()
+                .map(|s| {
+                    let p = self.progress.get(&s.id).cloned().unwrap_or_default();
+                    let state = if finished.contains(&s.id) {
+                        "finished"
+                    } else if !ready.contains(&s.id) {
+                        "waiting"
+                    } else if s.closed {
+                        "closed"
+                    } else {
+                        "open"
+                    };
+                    let (shard_lag, _) = lag_and_through(&[s.id.as_str()], &self.progress, now);
+                    ShardStatus {
+                        shard_id: s.id.clone(),
+                        state: state.into(),
+                        last_sequence: states.get(&s.id).and_then(|st| st.seq.clone()),
+                        last_record_at: p.record_at.map(rfc3339),
+                        lag_seconds: if state == "finished" {
+                            Some(0.0)
+                        } else {
+                            shard_lag
+                        },
+                    }
+                })
+                .collect(),
+            barriers: self
+                .barriers
+                .iter()
+                .map(|(k, (b, _))| (k.clone(), b.clone()))
+                .collect(),
+        };
+        self.store.put("tail/status", &status)?;
+        let path = status_path(&self.opts.state_dir);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&status)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        let lag_text = match status.lag_seconds {
+            Some(l) => format!("lag {l:.1} s"),
+            None if applying => "lag unknown".into(),
+            None => "buffering until the backfill is done".into(),
+        };
+        progress.status(
+            format!(
+                "{} records, {} buffered, {lag_text}, {} shards",
+                self.report.records, self.report.buffered, self.report.shards
+            ),
+            serde_json::to_value(&status)?,
+        );
+        progress.update(self.report.records, 0.0);
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct LaneResult {
+    puts: u64,
+    deletes: u64,
+    rejects: Vec<(Item, String)>,
+    newest: Option<f64>,
 }
 
 fn now_secs() -> f64 {
@@ -488,72 +843,50 @@ async fn shard_iterator(
         .context("GetShardIterator returned no iterator")
 }
 
-/// Apply the durable buffer in lineage order, deleting each entry once applied.
-async fn drain_buffer(
+/// One action of a change against the target, counted into its lane's result.
+async fn apply_action(
     clients: &Clients,
     plan: &Plan,
-    store: &StateStore,
     control: &Control,
-    rejects: &mut RejectsFile,
-    report: &mut TailReport,
+    action: Action,
+    r: &mut LaneResult,
 ) -> anyhow::Result<()> {
-    for (key, change) in store.scan_prefix::<Change>("tail/buf/")? {
-        apply(clients, plan, &change, control, rejects, report).await?;
-        store.remove(&key)?;
-    }
-    store.flush()?;
-    Ok(())
-}
-
-async fn apply(
-    clients: &Clients,
-    plan: &Plan,
-    change: &Change,
-    control: &Control,
-    rejects: &mut RejectsFile,
-    report: &mut TailReport,
-) -> anyhow::Result<()> {
-    for action in actions(plan, change) {
-        match action {
-            Action::Put(item) => {
-                write(clients, &plan.target_table, control, |c| {
-                    let item = to_sdk_item(&item);
-                    async move {
-                        c.dynamodb
-                            .put_item()
-                            .table_name(&plan.target_table)
-                            .set_item(Some(item))
-                            .send()
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| c.error("PutItem", &plan.target_table, e))
-                    }
-                })
-                .await?;
-                report.puts += 1;
-            }
-            Action::Delete(key) => {
-                write(clients, &plan.target_table, control, |c| {
-                    let key = to_sdk_item(&key);
-                    async move {
-                        c.dynamodb
-                            .delete_item()
-                            .table_name(&plan.target_table)
-                            .set_key(Some(key))
-                            .send()
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| c.error("DeleteItem", &plan.target_table, e))
-                    }
-                })
-                .await?;
-                report.deletes += 1;
-            }
-            Action::Reject { item, reason } => {
-                rejects.write(&item, &format!("tail: {reason}"))?;
-                report.rejected += 1;
-            }
+    match action {
+        Action::Put(item) => {
+            write(clients, &plan.target_table, control, |c| {
+                let item = to_sdk_item(&item);
+                async move {
+                    c.dynamodb
+                        .put_item()
+                        .table_name(&plan.target_table)
+                        .set_item(Some(item))
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| c.error("PutItem", &plan.target_table, e))
+                }
+            })
+            .await?;
+            r.puts += 1;
         }
+        Action::Delete(key) => {
+            write(clients, &plan.target_table, control, |c| {
+                let key = to_sdk_item(&key);
+                async move {
+                    c.dynamodb
+                        .delete_item()
+                        .table_name(&plan.target_table)
+                        .set_key(Some(key))
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| c.error("DeleteItem", &plan.target_table, e))
+                }
+            })
+            .await?;
+            r.deletes += 1;
+        }
+        Action::Reject { item, reason } => r.rejects.push((item, reason)),
     }
     Ok(())
 }
@@ -712,6 +1045,60 @@ key = { PK = "ST#{@status}#{shard(id, 4)}", SK = "{id}" }
         done.insert("a".to_string());
         assert_eq!(ready_shards(&shards, &done), vec!["b", "c", "d"]);
         assert_eq!(depth(&shards, "b"), 1);
+    }
+
+    fn progress(entries: &[(&str, Option<f64>, Option<f64>)]) -> HashMap<String, ShardProgress> {
+        entries
+            .iter()
+            .map(|(id, record_at, empty_read_at)| {
+                (
+                    id.to_string(),
+                    ShardProgress {
+                        record_at: *record_at,
+                        empty_read_at: *empty_read_at,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn applied_through_is_held_back_by_the_slowest_shard() {
+        // a: drained at 100; b: busy, last applied record from 90.
+        let p = progress(&[("a", Some(95.0), Some(100.0)), ("b", Some(90.0), None)]);
+        let (lag, through) = lag_and_through(&["a", "b"], &p, 101.0);
+        assert_eq!(through, 90.0);
+        assert_eq!(lag, Some(11.0), "b's last record is 11 s old");
+        // Only a: drained, so through is its read time less the stream delay.
+        let (lag, through) = lag_and_through(&["a"], &p, 101.0);
+        assert_eq!((lag, through), (Some(0.0), 100.0 - STREAM_DELAY_SECONDS));
+        // A shard never read holds everything back, and its lag is unknown.
+        let (lag, through) = lag_and_through(&["a", "new"], &p, 101.0);
+        assert_eq!((lag, through), (None, f64::NEG_INFINITY));
+    }
+
+    #[test]
+    fn a_barrier_completes_only_when_every_open_shard_has_moved_past_it() {
+        let b = BarrierState {
+            observed_at: 200.0,
+            complete_at: None,
+        };
+        let marker_at = 199.0;
+        // b drained before the observation, c's newest record is from the marker's second.
+        let p = progress(&[
+            ("a", Some(199.0), Some(201.0)),
+            ("b", None, Some(150.0)),
+            ("c", Some(199.0), None),
+        ]);
+        assert!(!barrier_complete(&b, marker_at, &["a", "b", "c"], &p));
+        assert!(barrier_complete(&b, marker_at, &["a"], &p));
+        // b drained after it, c applied a record from a later second.
+        let p = progress(&[
+            ("a", Some(199.0), Some(201.0)),
+            ("b", None, Some(200.5)),
+            ("c", Some(200.0), None),
+        ]);
+        assert!(barrier_complete(&b, marker_at, &["a", "b", "c"], &p));
     }
 
     #[test]

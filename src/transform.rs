@@ -28,7 +28,7 @@ pub enum Outcome {
         item: Item,
     },
     Reject(Reject),
-    /// Counted, not written (`unmatched = "skip"`).
+    /// Counted, not written (`unmatched = "skip"`, or a drain marker).
     Skip,
 }
 
@@ -149,6 +149,10 @@ pub fn transform(plan: &Plan, item: &Item) -> Outcome {
         if !item.contains_key(name) {
             return reject(None, RejectReason::MissingSourceKey(name.to_string()));
         }
+    }
+    // rekey's own drain markers (barrier.rs) pass through the source only.
+    if crate::barrier::marker_id(plan, item).is_some() {
+        return Outcome::Skip;
     }
     let Some((index, rule, captures)) = match_rule(plan, item) else {
         return match plan.unmatched {

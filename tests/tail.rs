@@ -323,3 +323,143 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
         .count();
     assert_eq!((missing, extra, stale), (0, 0, 0), "converged after kills");
 }
+
+/// Puts orders with ids from `first` on, one at a time (each acknowledged), until told to stop.
+async fn side_writer(
+    env: &TestEnv,
+    table: &str,
+    first: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    let mut n = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let it = order(first + n % 200, STATUSES[(n % 3) as usize], n);
+        env.clients
+            .dynamodb
+            .put_item()
+            .table_name(table)
+            .set_item(Some(rekey::aws::to_sdk_item(&it)))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("side writer: {}", rekey::aws::error_chain(&e)));
+        n += 1;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_lag() {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.clients
+        .create_table(&source, &source_key(), true)
+        .await
+        .unwrap();
+    env.create_table(&target, &target_key()).await;
+    let seed: Vec<Item> = (0..300)
+        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
+        .collect();
+    env.put(&source, &seed).await;
+    let text = plan_text(&source, &target);
+    let plan_path = env.file("plan.toml", &text);
+    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let state = env.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
+    let drain = ["drain", plan_s, "--state-dir", state_s, "--json"];
+
+    // No tail running: the barrier cannot be met, and says so with exit 3.
+    let out = env.rekey(&[&drain[..], &["--timeout", "1"]].concat());
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["complete"], false);
+
+    let mut tail = spawn_rekey(
+        &["tail", plan_s, "--state-dir", state_s, "--json"],
+        env.ddb.endpoint(),
+    );
+    let out = env.rekey(&["backfill", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let mut rng = Rng::from_time();
+    for round in 0..3 {
+        // A burst of acknowledged writes to ids below 1000…
+        writer(&env, source.clone(), 300, 150, rng.next()).await;
+        // …then, while another writer keeps going on ids from 5000, the barrier.
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let side = side_writer(&env, &source, 5000, &stop);
+        let barrier = async {
+            let args: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
+            let endpoint = env.ddb.endpoint().to_string();
+            let out = tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                rekey_with_env(&args, &[("AWS_ENDPOINT_URL", &endpoint)])
+            })
+            .await
+            .unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            out
+        };
+        let (side_writes, out) = tokio::join!(side, barrier);
+        assert!(out.status.success(), "drain: {}", stderr(&out));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["complete"], true);
+        eprintln!(
+            "round {round}: drained in {} s while {side_writes} other writes went on",
+            r["waited_seconds"]
+        );
+
+        // Every write made before the barrier is in the target now, exactly.
+        let low = |k: &str| k.trim_start_matches("O#").parse::<u64>().unwrap() < 1000;
+        let source_now: Vec<Item> = env
+            .scan_all(&source)
+            .await
+            .into_iter()
+            .filter(|i| matches!(&i["PK"], rekey::value::Value::S(s) if low(s)))
+            .collect();
+        let expected = expected_target(&plan, &source_now);
+        let actual: std::collections::BTreeMap<_, _> = env
+            .table_map(&target, &["PK", "SK"])
+            .await
+            .into_iter()
+            .filter(|(_, v)| matches!(&v["SK"], rekey::value::Value::S(s) if low(s)))
+            .collect();
+        assert_eq!(
+            actual.len(),
+            expected.len(),
+            "round {round}: no low id missing or left behind"
+        );
+        assert!(
+            expected.iter().all(|(k, v)| actual.get(k) == Some(v)),
+            "round {round}: every low id current"
+        );
+    }
+
+    // The status the tail publishes: applied, lag per shard, the barriers complete.
+    let status: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("tail/status.json")).unwrap()).unwrap();
+    tail.kill().unwrap();
+    tail.wait().unwrap();
+    assert_eq!(status["backfill_done"], true);
+    assert!(status["applied_through"].is_string(), "{status}");
+    assert!(status["lag_seconds"].as_f64().is_some(), "{status}");
+    let shards = status["shards"].as_array().unwrap();
+    assert!(!shards.is_empty() && shards.iter().all(|s| s["shard_id"].is_string()));
+    // Three drains, and the first one's marker (written while no tail ran),
+    // which the tail observed once it started: all complete.
+    let barriers = status["barriers"].as_object().unwrap();
+    assert!(barriers.len() >= 3, "{status}");
+    assert!(
+        barriers.values().all(|b| b["complete_at"].is_number()),
+        "{status}"
+    );
+    // Markers are never copied into the target.
+    assert!(
+        env.scan_all(&target)
+            .await
+            .iter()
+            .all(|i| !format!("{:?}", i).contains("__rekey__")),
+        "no marker in the target"
+    );
+}
