@@ -103,7 +103,7 @@ impl Claims {
     }
 
     /// How many target keys are claimed.
-    pub fn len(&self) -> Result<u64, ClaimsError> {
+    pub fn count(&self) -> Result<u64, ClaimsError> {
         use redb::ReadableTableMetadata;
         let tx = self.db.begin_read().map_err(|e| self.err(e))?;
         match tx.open_table(CLAIMS) {
@@ -136,7 +136,7 @@ mod tests {
             c.claim_all(&[pair("t1", "s3")]).unwrap(),
             vec![Some(b"s1".to_vec())]
         );
-        assert_eq!(c.len().unwrap(), 2);
+        assert_eq!(c.count().unwrap(), 2);
     }
 
     #[test]
