@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::aws::{AwsError, AwsOptions};
 use crate::plan::PlanErrors;
@@ -54,6 +54,10 @@ pub struct Cli {
     /// No progress output on stderr.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Show key values in terminal and --json output (default: a stable hash, ‹3f9a1c2e›).
+    /// Files in the state directory always hold the real values.
+    #[arg(long, global = true)]
+    pub show_keys: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -99,6 +103,35 @@ pub enum Command {
     Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
     Demo(DemoArgs),
+    /// Print the least-privilege IAM policy (JSON) the plan's commands need.
+    IamPolicy(IamPolicyArgs),
+}
+
+/// `iam-policy --command`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyCommandArg {
+    Analyze,
+    Backfill,
+    Tail,
+    Verify,
+    Drain,
+    Cutover,
+    /// backfill, tail, verify, drain and cutover.
+    All,
+}
+
+#[derive(Debug, Args)]
+pub struct IamPolicyArgs {
+    pub plan: PathBuf,
+    /// The commands to cover (repeatable).
+    #[arg(long, value_enum, default_value = "all")]
+    pub command: Vec<PolicyCommandArg>,
+    /// The backfill reads this export (s3://bucket/prefix, or a local directory) instead of scanning.
+    #[arg(long, value_name = "LOCATION")]
+    pub export: Option<String>,
+    /// AWS account id for the ARNs (default: `*`). The region comes from --region (default: `*`).
+    #[arg(long, value_name = "ID")]
+    pub account: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -4,13 +4,14 @@
 use crate::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::aws::Clients;
 use crate::backfill::{self, BackfillOptions};
-use crate::cli::{Cli, Command, ReportArgs, exit};
+use crate::cli::{Cli, Command, InputError, PolicyCommandArg, ReportArgs, exit};
 use crate::control::ControlFile;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
+use crate::redact::{PlanRedactor, Redactor};
 use crate::rejects::RejectsFile;
 use crate::tail::{self, TailOptions};
-use crate::{barrier, check, demo, state};
+use crate::{barrier, check, demo, iam, state};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
     AnalyzeOptions {
@@ -50,6 +51,9 @@ fn print_done<T: serde::Serialize>(report: &T) -> anyhow::Result<()> {
 /// Run one command; the result is the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     let quiet = cli.quiet;
+    let redactor = Redactor {
+        show: cli.show_keys,
+    };
     let mode = |json: bool| {
         if quiet || json {
             ProgressMode::Quiet
@@ -60,7 +64,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Check(a) => {
             let plan = Plan::load(&a.plan)?;
-            let report = check::run(&plan, a.sample.as_deref())?;
+            let mut report = check::run(&plan, a.sample.as_deref())?;
+            PlanRedactor::new(&plan, redactor).check(&mut report);
             if a.json {
                 print_json(&report)?;
             } else {
@@ -83,7 +88,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 read_rate: a.scan.read_rate,
                 page_limit: a.scan.page_size,
             };
-            let report = analyze::run(
+            let mut report = analyze::run(
                 &clients,
                 &plan,
                 &settings,
@@ -92,6 +97,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 &progress,
             )
             .await?;
+            PlanRedactor::new(&plan, redactor).analyze(&mut report);
             if a.json {
                 print_json(&report)?;
             } else {
@@ -275,7 +281,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     ..analyze_options(&a.report)
                 },
             };
-            let run = demo::run(&opts, &progress).await?;
+            let mut run = demo::run(&opts, &progress).await?;
+            PlanRedactor::new(&run.plan, redactor).analyze(&mut run.report);
             if a.json {
                 print_json(&run.report)?;
             } else {
@@ -289,6 +296,48 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!();
                 print!("{}", analyze::render::render(&run.report));
             }
+            Ok(exit::OK)
+        }
+        Command::IamPolicy(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let mut commands = Vec::new();
+            for c in &a.command {
+                use iam::PolicyCommand as P;
+                match c {
+                    PolicyCommandArg::Analyze => commands.push(P::Analyze),
+                    PolicyCommandArg::Backfill => commands.push(P::Backfill),
+                    PolicyCommandArg::Tail => commands.push(P::Tail),
+                    PolicyCommandArg::Verify => commands.push(P::Verify),
+                    PolicyCommandArg::Drain => commands.push(P::Drain),
+                    PolicyCommandArg::Cutover => commands.push(P::Cutover),
+                    PolicyCommandArg::All => commands.extend(P::MIGRATION),
+                }
+            }
+            if let Some(acct) = &a.account
+                && (acct.len() != 12 || !acct.bytes().all(|b| b.is_ascii_digit()))
+            {
+                anyhow::bail!(InputError(format!(
+                    "--account {acct}: an AWS account id is 12 digits"
+                )));
+            }
+            let export = a
+                .export
+                .as_deref()
+                .map(crate::export::ExportLocation::parse)
+                .transpose()
+                .map_err(|e| InputError(e.to_string()))?;
+            let opts = iam::PolicyOptions {
+                commands,
+                export,
+                region: cli.aws.region.clone(),
+                account: a.account.clone(),
+            };
+            if !quiet && (opts.region.is_none() || opts.account.is_none()) {
+                eprintln!(
+                    "note: `*` stands for the region and account in the ARNs: pass --region and --account to pin them"
+                );
+            }
+            print_json(&iam::document(&plan, &opts))?;
             Ok(exit::OK)
         }
     }

@@ -42,6 +42,10 @@
 //! * [`proxy`] — the throttling and fault proxy tests put in front of
 //!   DynamoDB Local, which never throttles by itself.
 //! * [`demo`] — the skewed demo table and its analysis.
+//! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
+//!   commands need, from the list of AWS actions the code calls.
+//! * [`redact`] — key values out of terminal and `--json` output (stable
+//!   hashed tokens, the plan's shapes kept readable) unless `--show-keys`.
 //! * [`cli`], [`commands`] — arguments, dispatch, exit codes.
 
 pub mod analyze;
@@ -58,12 +62,14 @@ pub mod control;
 pub mod demo;
 pub mod export;
 pub mod hash;
+pub mod iam;
 pub mod itemfile;
 pub mod local;
 pub mod plan;
 pub mod progress;
 pub mod proxy;
 pub mod rate;
+pub mod redact;
 pub mod rejects;
 pub mod s3local;
 pub mod scan;

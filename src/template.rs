@@ -329,6 +329,17 @@ impl Shape {
         })
     }
 
+    /// The byte ranges of the captures in `value`, in order, if the whole
+    /// value matches.
+    pub fn capture_ranges(&self, value: &str) -> Option<Vec<std::ops::Range<usize>>> {
+        let caps = self.regex.captures(value)?;
+        Some(
+            (1..caps.len())
+                .filter_map(|i| caps.get(i).map(|m| m.range()))
+                .collect(),
+        )
+    }
+
     /// The captures, in order, if the whole value matches.
     pub fn matches(&self, value: &str) -> Option<Vec<String>> {
         let caps = self.regex.captures(value)?;

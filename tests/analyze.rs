@@ -7,6 +7,7 @@ mod support;
 use std::collections::{HashMap, HashSet};
 
 use rekey::plan::{KeyAttr, KeySchema, Plan};
+use rekey::redact::{PlanRedactor, Redactor};
 use rekey::transform::{Outcome, transform};
 use rekey::value::{Item, ScalarType};
 use serde_json::Value as Json;
@@ -146,7 +147,13 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
     assert_eq!(r["collisions"]["target_keys"], 2);
     assert_eq!(r["collisions"]["source_items"], 6);
     assert_eq!(r["old"]["cardinality"], 1 + 40 + 3 + 9);
-    assert_eq!(r["old"]["hottest_by_items"][0]["key"], "T#big#D#2026-07-07");
+    // Keys are redacted by default: the plan's shape stays, captured values are hashed.
+    let tok = rekey::redact::token;
+    assert_eq!(
+        r["old"]["hottest_by_items"][0]["key"],
+        format!("T#{}#D#{}", tok("big"), tok("2026-07-07"))
+    );
+    assert!(!stdout(&out).contains("T#big"), "no raw key in the output");
     assert_eq!(r["old"]["hottest_by_items"][0]["items"], 600);
     // 600 of 1016 items at 2000 items/s: 1181 WCU/s on one key, over the limit.
     assert_eq!(r["old"]["load"][1]["keys_over_limit"], 1);
@@ -174,7 +181,11 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
         .iter()
         .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
         .unwrap();
-    assert_eq!(r["new"]["hottest_by_items"][0]["key"], hot_key.as_str());
+    let redactor = PlanRedactor::new(&plan, Redactor { show: false });
+    assert_eq!(
+        r["new"]["hottest_by_items"][0]["key"],
+        redactor.target_value("PK", hot_key)
+    );
     assert_eq!(r["new"]["hottest_by_items"][0]["items"], *hot_n);
     assert_eq!(
         r["indexes"][0]["distribution"]["cardinality"],
@@ -184,6 +195,22 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
         r["indexes"][0]["items_without_key"], 7,
         "the collide rule sets no index key"
     );
+
+    // --show-keys shows them as they are.
+    let out = env.rekey(&[
+        "analyze",
+        plan_path.to_str().unwrap(),
+        "--show-keys",
+        "--top",
+        "1",
+    ]);
+    assert!(out.status.success(), "analyze failed: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains("T#big#D#2026-07-07"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(stdout(&out).contains(hot_key.as_str()), "{}", stdout(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

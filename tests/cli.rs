@@ -84,6 +84,7 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
             plan.to_str().unwrap(),
             "--sample",
             sample.to_str().unwrap(),
+            "--show-keys",
         ],
         &[],
     );
@@ -103,6 +104,31 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
         "{text}"
     );
     assert!(text.contains("2 items: 1 put, 1 rejected"), "{text}");
+
+    // By default key values are hashed; the plan's shapes and other attributes stay.
+    let out = rekey_with_env(
+        &[
+            "check",
+            plan.to_str().unwrap(),
+            "--sample",
+            sample.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let tok = rekey::redact::token;
+    assert!(
+        text.contains(&format!(
+            "TENANT#{}#DAY#{}#SHARD#{}",
+            tok("acme"),
+            tok("2026-07-07"),
+            tok(&format!("{shard:02}"))
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("acme") && !text.contains("o-1"), "{text}");
+    assert!(text.contains(r#""total":{"N":"12.50"}"#), "{text}");
 
     std::fs::write(&sample, "{\"PK\":{\"S\":\"x\"}}\n{\"PK\":{\"Z\":1}}\n").unwrap();
     let out = rekey_with_env(
