@@ -324,6 +324,7 @@ pub async fn run(
         let live = live_items.clone();
         let progress = progress.clone();
         let rcu = consumed_rcu.clone();
+        let expected_items = source.item_count;
         tokio::spawn(async move {
             let mut control_file = ControlFile::watcher(&dir);
             let mut last_wcu = 0.0;
@@ -348,18 +349,19 @@ pub async fn run(
                 };
                 let write_limit = control.write.rate().await.unwrap_or(0.0);
                 let read_now = *rcu.lock().await;
+                let (rcu_s, wcu_s) = (read_now - last_rcu, wcu - last_wcu);
                 let paused = control.is_paused();
                 progress.status(
                     format!(
                         "{:.0} RCU/s, {:.0} WCU/s (limit {write_limit:.0}), written {written}, rejects {rejected}, throttles {}{}",
-                        read_now - last_rcu,
-                        wcu - last_wcu,
+                        rcu_s,
+                        wcu_s,
                         stats.write_throttles + stats.read_throttles,
                         if paused { ", PAUSED" } else { "" }
                     ),
                     serde_json::json!({
-                        "rcu_per_sec": read_now - last_rcu,
-                        "wcu_per_sec": wcu - last_wcu,
+                        "rcu_per_sec": rcu_s,
+                        "wcu_per_sec": wcu_s,
                         "write_limit": write_limit,
                         "written": written,
                         "rejected": rejected,
@@ -382,6 +384,26 @@ pub async fn run(
                     });
                     let _ = writeln!(f, "{line}");
                 }
+                let counts = ledger.lock().await.totals;
+                let _ = crate::status::publish(
+                    &crate::status::backfill_path(&dir),
+                    &crate::status::BackfillStatus {
+                        pid: std::process::id(),
+                        updated_at: crate::status::now_rfc3339(),
+                        done: false,
+                        paused,
+                        expected_items,
+                        scanned: counts.scanned,
+                        written: counts.written,
+                        rejected: counts.rejected,
+                        skipped: counts.skipped,
+                        collisions: counts.collisions,
+                        rcu_per_sec: rcu_s,
+                        wcu_per_sec: wcu_s,
+                        write_limit,
+                        throttles: stats.write_throttles + stats.read_throttles,
+                    },
+                );
                 progress.update(items, 0.0);
             }
         })
@@ -416,6 +438,22 @@ pub async fn run(
     ledger.rejects.flush_len()?;
     let consumed_wcu = *writer.consumed_wcu.lock().await;
     let consumed_rcu = *consumed_rcu.lock().await;
+    let t = ledger.totals;
+    crate::status::publish(
+        &crate::status::backfill_path(&opts.state_dir),
+        &crate::status::BackfillStatus {
+            pid: std::process::id(),
+            updated_at: crate::status::now_rfc3339(),
+            done: true,
+            expected_items: source.item_count,
+            scanned: t.scanned,
+            written: t.written,
+            rejected: t.rejected,
+            skipped: t.skipped,
+            collisions: t.collisions,
+            ..Default::default()
+        },
+    )?;
     Ok(BackfillReport {
         source_table: plan.source_table.clone(),
         target_table: plan.target_table.clone(),

@@ -99,6 +99,13 @@ pub enum Command {
     /// Prove the tail has applied every source write made before now: write a
     /// marker item into the source and wait until the running tail reports it.
     Drain(DrainArgs),
+    /// Switch on evidence: check the gates, wait while the postpone file exists,
+    /// drain, record the cutover and print the next steps.
+    Cutover(CutoverArgs),
+    /// After the application has switched: drain once more, record the end, stop the tail.
+    Finish(FinishArgs),
+    /// The migration's phase and progress, from what its processes publish (works while they run).
+    Status(StatusArgs),
     /// Pause, resume or change the rates of a running backfill (through its state directory).
     Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
@@ -199,6 +206,53 @@ pub struct DrainArgs {
     /// Give up (exit 3) after this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CutoverArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Largest acceptable tail lag, seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub max_lag: f64,
+    /// Oldest acceptable clean verify, seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub max_verify_age: f64,
+    /// Cut over even though rejects files are not empty.
+    #[arg(long)]
+    pub accept_rejects: bool,
+    /// Wait while this file exists (default: <state dir>/postpone).
+    #[arg(long, value_name = "FILE")]
+    pub postpone_file: Option<PathBuf>,
+    /// Keep re-checking gates that are not met for this long before exiting 3.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    pub wait: f64,
+    /// Give up on the drain barrier after this long (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub drain_timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FinishArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub drain_timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
     #[arg(long)]
     pub json: bool,
 }

@@ -11,7 +11,7 @@ use crate::progress::{Progress, ProgressMode};
 use crate::redact::{PlanRedactor, Redactor};
 use crate::rejects::RejectsFile;
 use crate::tail::{self, TailOptions};
-use crate::{barrier, check, demo, iam, state};
+use crate::{barrier, check, cutover, demo, iam, state, status};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
     AnalyzeOptions {
@@ -46,6 +46,27 @@ fn print_done<T: serde::Serialize>(report: &T) -> anyhow::Result<()> {
     }
     println!("{v}");
     Ok(())
+}
+
+fn state_dir_of(plan: &std::path::Path, s: &crate::cli::StateArgs) -> std::path::PathBuf {
+    s.state_dir
+        .clone()
+        .unwrap_or_else(|| state::default_dir(plan))
+}
+
+fn secs(s: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(s.max(0.0))
+}
+
+/// Cutover's running commentary, on stderr unless quiet.
+struct Say(bool);
+
+impl cutover::Narrator for Say {
+    fn say(&self, text: &str) {
+        if self.0 {
+            eprintln!("{text}");
+        }
+    }
 }
 
 /// Run one command; the result is the process exit code.
@@ -239,6 +260,89 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 exit::GATE
             })
+        }
+        Command::Cutover(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = state_dir_of(&a.plan, &a.state);
+            let opts = cutover::CutoverOptions {
+                postpone_file: a
+                    .postpone_file
+                    .clone()
+                    .unwrap_or_else(|| state_dir.join("postpone")),
+                state_dir,
+                max_lag: a.max_lag,
+                max_verify_age: secs(a.max_verify_age),
+                accept_rejects: a.accept_rejects,
+                wait: secs(a.wait),
+                drain_timeout: secs(a.drain_timeout),
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let narrator = Say(!(quiet || a.json));
+            let report = cutover::cutover(&clients, &plan, &opts, &narrator).await?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                for g in &report.gates {
+                    println!(
+                        "[{}] {}: {}",
+                        if g.ok { "ok" } else { "  " },
+                        g.name,
+                        g.detail
+                    );
+                }
+                match (&report.record, &report.blocked) {
+                    (Some(r), _) => {
+                        println!(
+                            "\nCut over at {} (drain barrier {}): every write to `{}` until then is in `{}`.\n",
+                            r.at, r.barrier, r.source_table, r.target_table
+                        );
+                        println!("{}", cutover::next_steps(&plan, &a.plan));
+                    }
+                    (None, Some(why)) => println!("\nnot cut over: {why}"),
+                    (None, None) => {}
+                }
+            }
+            Ok(if report.cut_over {
+                exit::OK
+            } else {
+                exit::GATE
+            })
+        }
+        Command::Finish(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = state_dir_of(&a.plan, &a.state);
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let report =
+                cutover::finish(&clients, &plan, &state_dir, secs(a.drain_timeout)).await?;
+            if a.json {
+                print_json(&report)?;
+            } else if report.finished {
+                println!(
+                    "finished: the last writes to `{}` are in `{}`; the tail stops now. `{}` is kept.",
+                    plan.source_table, plan.target_table, plan.source_table
+                );
+            } else {
+                println!(
+                    "not finished: the tail did not report drain barrier {} in time — is it running?",
+                    report.barrier
+                );
+            }
+            Ok(if report.finished {
+                exit::OK
+            } else {
+                exit::GATE
+            })
+        }
+        Command::Status(a) => {
+            // The plan must load, and the state directory is the plan's.
+            Plan::load(&a.plan)?;
+            let report = status::gather(&state_dir_of(&a.plan, &a.state))?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                print!("{}", status::render(&report));
+            }
+            Ok(exit::OK)
         }
         Command::Control(a) => {
             // The plan must load: controlling a migration of a broken plan is a mistake.

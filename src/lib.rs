@@ -23,6 +23,9 @@
 //!   lineage, buffered until the backfill is complete; publishes its lag.
 //! * [`barrier`] — the drain barrier: a marker written to the source that
 //!   proves the tail has applied everything before it.
+//! * [`status`] — the JSON snapshots each driver publishes in the state
+//!   directory, so other processes read a migration without its locks;
+//!   `rekey status`.
 //! * [`state`] — owns sled: the per-plan state directory, checkpoints,
 //!   the plan fingerprint.
 //! * [`claims`] — the backfill's on-disk claim index (target key → source
@@ -32,6 +35,8 @@
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
 //! * [`backfill`] — the copy: Scan → transform → conditional puts, checkpointed;
 //!   [`control`] pauses it and changes its rates while it runs.
+//! * [`cutover`] — gates, the postpone flag, the drain barrier, the durable
+//!   cutover record; `rekey finish`.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
@@ -59,6 +64,7 @@ pub mod claims;
 pub mod cli;
 pub mod commands;
 pub mod control;
+pub mod cutover;
 pub mod demo;
 pub mod export;
 pub mod hash;
@@ -75,6 +81,7 @@ pub mod s3local;
 pub mod scan;
 pub mod spill;
 pub mod state;
+pub mod status;
 pub mod tail;
 pub mod template;
 pub mod transform;

@@ -269,13 +269,7 @@ pub fn status_path(state_dir: &Path) -> PathBuf {
 
 /// The tail's last published status, if it has ever run.
 pub fn read_status(path: &Path) -> anyhow::Result<Option<TailStatus>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("{} is corrupt", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
+    crate::status::read(path)
 }
 
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
@@ -400,6 +394,10 @@ pub async fn run(
     let mut last_record = Instant::now();
     progress.start("tail", None);
     loop {
+        if opts.state_dir.join(crate::cutover::FINISHED).exists() {
+            // `rekey finish` drained the tail before it wrote this.
+            break;
+        }
         let backfill_done = opts.state_dir.join(BACKFILL_DONE).exists();
         if backfill_done && !t.drained()? {
             t.drain_buffer().await?;
