@@ -94,6 +94,9 @@ pub enum Command {
     Analyze(AnalyzeArgs),
     /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
     Backfill(BackfillArgs),
+    /// The whole lifecycle: analyze gate, tail, backfill, catch-up, verify, ready for cutover;
+    /// then keeps tailing until `rekey finish`. Resumable in any phase.
+    Run(RunArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
     /// Prove the tail has applied every source write made before now: write a
@@ -152,9 +155,19 @@ pub struct StateArgs {
 pub struct BackfillArgs {
     pub plan: PathBuf,
     #[command(flatten)]
-    pub scan: ScanArgs,
-    #[command(flatten)]
     pub state: StateArgs,
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How the backfill copies: shared by `backfill` and `run`.
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    #[command(flatten)]
+    pub scan: ScanArgs,
     /// Write budget for the target: WCU per second, or a share of its provisioned write capacity (25%).
     #[arg(long, value_name = "WCU|N%", default_value = "1000")]
     pub write_rate: Rate,
@@ -174,7 +187,33 @@ pub struct BackfillArgs {
     /// Export data files read at once.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub export_parallel: usize,
-    /// Print the final report as JSON.
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    /// Skip the analyze gate (a full Scan that refuses a plan whose new keys would still be hot).
+    #[arg(long)]
+    pub skip_analyze: bool,
+    /// Go on although analyze predicts new keys over the per-partition limit.
+    #[arg(long)]
+    pub allow_hot_keys: bool,
+    /// Application writes per second the analyze gate assumes for its load estimate.
+    #[arg(long, value_name = "WRITES", default_value_t = 1000.0)]
+    pub app_write_rate: f64,
+    /// Give up on the catch-up drain barrier after this long (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub drain_timeout: f64,
+    /// How long verify's re-check of a difference waits for the tail.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub recheck_timeout: f64,
+    /// Exit once ready for cutover instead of tailing until `rekey finish`.
+    #[arg(long)]
+    pub exit_when_ready: bool,
     #[arg(long)]
     pub json: bool,
 }

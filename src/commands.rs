@@ -54,19 +54,27 @@ fn state_dir_of(plan: &std::path::Path, s: &crate::cli::StateArgs) -> std::path:
         .unwrap_or_else(|| state::default_dir(plan))
 }
 
-fn secs(s: f64) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(s.max(0.0))
+fn backfill_options(c: &crate::cli::CopyArgs, state_dir: std::path::PathBuf) -> BackfillOptions {
+    BackfillOptions {
+        rejects: c
+            .rejects
+            .clone()
+            .unwrap_or_else(|| state_dir.join("rejects.jsonl")),
+        state_dir,
+        segments: c.scan.segments,
+        page_limit: c.scan.page_size,
+        read_rate: c.scan.read_rate,
+        write_rate: c.write_rate,
+        key_write_rate: c.key_write_rate,
+        concurrency: c.concurrency,
+        max_retries: 10,
+        from_export: c.from_export.clone(),
+        export_files_in_parallel: c.export_parallel,
+    }
 }
 
-/// Cutover's running commentary, on stderr unless quiet.
-struct Say(bool);
-
-impl cutover::Narrator for Say {
-    fn say(&self, text: &str) {
-        if self.0 {
-            eprintln!("{text}");
-        }
-    }
+fn secs(s: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(s.max(0.0))
 }
 
 /// Run one command; the result is the process exit code.
@@ -133,22 +141,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .state_dir
                 .clone()
                 .unwrap_or_else(|| state::default_dir(&a.plan));
-            let opts = BackfillOptions {
-                rejects: a
-                    .rejects
-                    .clone()
-                    .unwrap_or_else(|| state_dir.join("rejects.jsonl")),
-                state_dir,
-                segments: a.scan.segments,
-                page_limit: a.scan.page_size,
-                read_rate: a.scan.read_rate,
-                write_rate: a.write_rate,
-                key_write_rate: a.key_write_rate,
-                concurrency: a.concurrency,
-                max_retries: 10,
-                from_export: a.from_export.clone(),
-                export_files_in_parallel: a.export_parallel,
-            };
+            let opts = backfill_options(&a.copy, state_dir);
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
@@ -277,8 +270,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 drain_timeout: secs(a.drain_timeout),
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
-            let narrator = Say(!(quiet || a.json));
-            let report = cutover::cutover(&clients, &plan, &opts, &narrator).await?;
+            let progress = Progress::new(mode(a.json));
+            let report = cutover::cutover(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_json(&report)?;
             } else {

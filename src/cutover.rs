@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::aws::Clients;
 use crate::barrier::{self, DrainOptions};
 use crate::plan::Plan;
+use crate::progress::Progress;
 use crate::state::StateStore;
 use crate::status::{self, BackfillStatus};
 use crate::tail::TailStatus;
@@ -154,7 +155,13 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
         Some(v) => {
             let finished = parse_time(v.get("finished_at"));
             let age = finished.map(|f| (now - f).to_std().unwrap_or_default());
+            let sampled = v.get("sample_percent").is_some_and(|p| !p.is_null());
             match (status::verify_clean(v), age) {
+                _ if sampled => gate(
+                    "clean verify",
+                    false,
+                    "the last verify was a --sample pass; a cutover needs a full one".into(),
+                ),
                 (false, _) => gate(
                     "clean verify",
                     false,
@@ -212,16 +219,11 @@ pub struct CutoverReport {
     pub blocked: Option<String>,
 }
 
-/// Say what is happening while cutover waits (plain lines on stderr).
-pub trait Narrator {
-    fn say(&self, text: &str);
-}
-
 pub async fn cutover(
     clients: &Clients,
     plan: &Plan,
     opts: &CutoverOptions,
-    narrator: &dyn Narrator,
+    progress: &Progress,
 ) -> anyhow::Result<CutoverReport> {
     // One driver per plan: the store's lock refuses a second cutover.
     let store = StateStore::open(&opts.state_dir, plan)?;
@@ -244,7 +246,7 @@ pub async fn cutover(
         }
         if postponed {
             if !said_postponed {
-                narrator.say(&format!(
+                progress.note(&format!(
                     "postponed: waiting while {} exists (delete it to cut over)",
                     opts.postpone_file.display()
                 ));
@@ -261,9 +263,9 @@ pub async fn cutover(
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     for g in &gates {
-        narrator.say(&format!("gate ok: {} — {}", g.name, g.detail));
+        progress.note(&format!("gate ok: {} — {}", g.name, g.detail));
     }
-    narrator.say("drain barrier: waiting for the tail to apply every source write made until now");
+    progress.note("drain barrier: waiting for the tail to apply every source write made until now");
     let drain = barrier::drain(
         clients,
         plan,

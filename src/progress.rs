@@ -155,6 +155,26 @@ impl Progress {
         s.status = json;
     }
 
+    /// A line of commentary between phases: a gate, a wait, a next step.
+    /// Above the bars on a TTY, on stderr off one, an event with `--json`.
+    pub fn note(&self, text: &str) {
+        match self.mode {
+            ProgressMode::Quiet => {}
+            ProgressMode::Json => {
+                println!("{}", serde_json::json!({"event": "note", "text": text}));
+            }
+            ProgressMode::Auto => {
+                let s = self.lock();
+                match &s.bars {
+                    Some((multi, _, _)) => {
+                        let _ = multi.println(text);
+                    }
+                    None => eprintln!("{text}"),
+                }
+            }
+        }
+    }
+
     pub fn finish(&self) {
         let mut s = self.lock();
         if let Some((multi, main, status)) = s.bars.take() {

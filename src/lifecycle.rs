@@ -1,0 +1,203 @@
+//! `rekey run`: the whole migration in one command, resumable in any phase.
+//!
+//! check (the plan loads) → analyze gate → capture (the tail starts, from the
+//! stream's trim horizon) → backfill → catch-up (a drain barrier: the tail has
+//! applied everything captured) → verify → ready for cutover. Then it goes on
+//! tailing until `rekey finish` (or exits with `--exit-when-ready`).
+//!
+//! Nothing here keeps state of its own beyond the analyze gate's verdict:
+//! each phase is the ordinary command, with its own checkpoints, so after
+//! kill -9 a rerun skips what is complete (`backfill.done`, a clean verify
+//! newer than the backfill) and resumes what was in flight.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::analyze::{self, AnalyzeOptions, ScanSettings};
+use crate::aws::Clients;
+use crate::backfill::{self, BackfillOptions};
+use crate::barrier::{self, DrainOptions};
+use crate::plan::Plan;
+use crate::progress::{Progress, ProgressMode};
+use crate::status;
+use crate::tail::{self, TailOptions};
+use crate::verify::{self, VerifyOptions};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub state_dir: PathBuf,
+    /// None: skip the analyze gate.
+    pub analyze: Option<(ScanSettings, AnalyzeOptions)>,
+    pub allow_hot_keys: bool,
+    pub backfill: BackfillOptions,
+    pub tail: TailOptions,
+    pub verify: VerifyOptions,
+    pub drain_timeout: Duration,
+    pub exit_when_ready: bool,
+}
+
+/// The analyze gate's verdict, kept so a rerun does not scan again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnalyzeVerdict {
+    pub scanned: u64,
+    pub new_keys_over_limit: u64,
+    pub old_keys_over_limit: u64,
+    pub collisions: u64,
+    pub rejected: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub phase: status::Phase,
+    pub analyze: Option<AnalyzeVerdict>,
+    pub backfill: Option<backfill::BackfillReport>,
+    pub verify: Option<serde_json::Value>,
+    /// Why the run stopped before ready-for-cutover (gate not met, differences).
+    pub blocked: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GateNotMet(pub String);
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    progress: &Progress,
+) -> anyhow::Result<RunReport> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("cannot create {}", opts.state_dir.display()))?;
+    let mut report = RunReport {
+        phase: status::Phase::NotStarted,
+        analyze: None,
+        backfill: None,
+        verify: None,
+        blocked: None,
+    };
+
+    // 1. The analyze gate: refuse a design whose new keys would still throttle.
+    if let Some((scan, aopts)) = &opts.analyze {
+        let path = opts.state_dir.join("analyze.json");
+        let verdict = match status::read::<AnalyzeVerdict>(&path)? {
+            Some(v) => v,
+            None => {
+                progress.note("analyze: applying the plan to every source item (no writes)");
+                let r = analyze::run(clients, plan, scan, aopts.clone(), None, progress).await?;
+                let over = |d: &analyze::Distribution| {
+                    d.load.iter().map(|l| l.keys_over_limit).max().unwrap_or(0)
+                };
+                let v = AnalyzeVerdict {
+                    scanned: r.scanned,
+                    new_keys_over_limit: over(&r.new),
+                    old_keys_over_limit: over(&r.old),
+                    collisions: r.collisions.target_keys,
+                    rejected: r.rejected,
+                };
+                status::publish(&path, &v)?;
+                v
+            }
+        };
+        report.analyze = Some(verdict.clone());
+        progress.note(&format!(
+            "analyze: {} items; new keys over the per-partition limit: {} (old design: {}); {} collisions, {} rejects",
+            verdict.scanned,
+            verdict.new_keys_over_limit,
+            verdict.old_keys_over_limit,
+            verdict.collisions,
+            verdict.rejected
+        ));
+        if verdict.new_keys_over_limit > 0 && !opts.allow_hot_keys {
+            anyhow::bail!(GateNotMet(format!(
+                "analyze gate: {} new partition key(s) would still exceed the per-partition limit; \
+                 change the plan (more shards), or pass --allow-hot-keys",
+                verdict.new_keys_over_limit
+            )));
+        }
+    }
+
+    // 2. Capture: the tail runs for the rest of the command, in this process.
+    let tail_task = {
+        let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
+        tokio::spawn(async move {
+            let quiet = Progress::new(ProgressMode::Quiet);
+            tail::run(&clients, &plan, &topts, &quiet).await
+        })
+    };
+    let result = phases(clients, plan, opts, progress, &mut report).await;
+    let result = match result {
+        Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
+            progress.note(&format!(
+                "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)"
+            ));
+            match tail_task.await {
+                Ok(r) => r.map(|_| ()),
+                Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
+            }
+        }
+        other => {
+            tail_task.abort();
+            other
+        }
+    };
+    result?;
+    report.phase = status::gather(&opts.state_dir)?.phase;
+    Ok(report)
+}
+
+/// Backfill, catch-up and verify, each skipped when already complete.
+async fn phases(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    progress: &Progress,
+    report: &mut RunReport,
+) -> anyhow::Result<()> {
+    // 3. Backfill (resumes from its checkpoints; skipped once done).
+    if !opts.state_dir.join(tail::BACKFILL_DONE).exists() {
+        progress.note("backfill: copying every source item into the target");
+        report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress).await?);
+    }
+
+    // 4. Catch-up: the tail has applied its buffer and everything written until now.
+    progress.note("catch-up: waiting for the tail to apply every change captured so far");
+    let drain = barrier::drain(
+        clients,
+        plan,
+        &DrainOptions {
+            state_dir: opts.state_dir.clone(),
+            timeout: opts.drain_timeout,
+        },
+    )
+    .await?;
+    if !drain.complete {
+        anyhow::bail!(GateNotMet(format!(
+            "catch-up: the tail did not apply drain barrier {} within {:.0} s",
+            drain.barrier, drain.waited_seconds
+        )));
+    }
+
+    // 5. Verify, unless a clean full verify already finished after the backfill.
+    let previous: Option<serde_json::Value> = status::read(&status::verify_path(&opts.state_dir))?;
+    let fresh = previous.as_ref().is_some_and(|v| {
+        status::verify_clean(v) && v.get("sample_percent").is_none_or(|p| p.is_null())
+    });
+    let verdict = if fresh {
+        previous.unwrap_or_default()
+    } else {
+        progress.note("verify: comparing every source item with the target, and back");
+        let r = verify::run(clients, plan, &opts.verify, progress).await?;
+        serde_json::to_value(&r.result)?
+    };
+    if !status::verify_clean(&verdict) {
+        report.blocked = Some(format!(
+            "verify found differences (see {}); repair with `rekey verify --repair`, then run again",
+            opts.state_dir.join("verify").join("mismatches.jsonl").display()
+        ));
+    }
+    report.verify = Some(verdict);
+    Ok(())
+}
