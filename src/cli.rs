@@ -18,6 +18,8 @@ pub mod exit {
     pub const FAILURE: i32 = 1;
     /// Bad input: a malformed plan, sample file or argument.
     pub const BAD_INPUT: i32 = 2;
+    /// `verify` found differences, or could not settle some (the tail is behind).
+    pub const DIFFERENCES: i32 = 4;
     /// An AWS call failed: unreachable endpoint, missing table, missing permission.
     pub const AWS: i32 = 5;
 }
@@ -90,6 +92,8 @@ pub enum Command {
     Backfill(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
+    /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).
+    Verify(VerifyArgs),
     /// Pause, resume or change the rates of a running backfill (through its state directory).
     Control(ControlArgs),
     /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
@@ -149,6 +153,38 @@ pub struct TailArgs {
     /// Rejected items (default: <state dir>/tail-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Read budget for the target: RCU per second, or a share of its provisioned read capacity. Default: unlimited.
+    #[arg(long, value_name = "RCU|N%")]
+    pub target_read_rate: Option<Rate>,
+    /// How long a re-check waits for the tail to apply past a difference, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub recheck_timeout: f64,
+    /// Discard an unfinished verify and start a new one.
+    #[arg(long)]
+    pub restart: bool,
+    /// Rewrite missing and different items, delete orphans, then re-verify those keys.
+    #[arg(long)]
+    pub repair: bool,
+    /// Write budget for --repair, WCU per second.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Verify a random P% of source items (the same ones every run), forward only.
+    #[arg(long, value_name = "P")]
+    pub sample: Option<f64>,
+    /// Print key values (default: a short hash, key#3f9a1c2e; the mismatches file always has the keys).
+    #[arg(long)]
+    pub show_keys: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -4,12 +4,13 @@
 use crate::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::aws::Clients;
 use crate::backfill::{self, BackfillOptions};
-use crate::cli::{Cli, Command, ReportArgs, exit};
+use crate::cli::{Cli, Command, InputError, ReportArgs, exit};
 use crate::control::ControlFile;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
 use crate::rejects::RejectsFile;
 use crate::tail::{self, TailOptions};
+use crate::verify::{self, VerifyOptions};
 use crate::{check, demo, state};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
@@ -195,6 +196,53 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             Ok(exit::OK)
+        }
+        Command::Verify(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            if let Some(p) = a.sample
+                && !(p > 0.0 && p <= 100.0)
+            {
+                return Err(InputError(format!(
+                    "--sample {p}: give a percentage above 0, at most 100"
+                ))
+                .into());
+            }
+            if !(a.recheck_timeout >= 0.0 && a.recheck_timeout.is_finite()) {
+                return Err(InputError("--recheck-timeout: give seconds, 0 or more".into()).into());
+            }
+            let opts = VerifyOptions {
+                state_dir,
+                segments: a.scan.segments,
+                page_limit: a.scan.page_size,
+                read_rate: a.scan.read_rate,
+                target_read_rate: a.target_read_rate,
+                write_rate: a.write_rate,
+                recheck_timeout: std::time::Duration::from_secs_f64(a.recheck_timeout),
+                stale_after: std::time::Duration::from_secs(30),
+                restart: a.restart,
+                repair: a.repair,
+                sample: a.sample,
+                show_keys: a.show_keys,
+                max_retries: 10,
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let progress = Progress::new(stream_mode(quiet, a.json));
+            let report = verify::run(&clients, &plan, &opts, &progress).await?;
+            if a.json {
+                print_done(&report)?;
+            } else {
+                print!("{}", verify::render(&report));
+            }
+            Ok(if report.ok() {
+                exit::OK
+            } else {
+                exit::DIFFERENCES
+            })
         }
         Command::Control(a) => {
             // The plan must load: controlling a migration of a broken plan is a mistake.

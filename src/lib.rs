@@ -28,6 +28,9 @@
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
 //! * [`backfill`] — the copy: Scan → transform → conditional puts, checkpointed;
 //!   [`control`] pauses it and changes its rates while it runs.
+//! * [`verify`] — both ways, checkpointed: every source item's transform is
+//!   in the target exactly, every target item maps back to a source item;
+//!   differences re-checked against the tail's progress before they count.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
@@ -67,4 +70,5 @@ pub mod tail;
 pub mod template;
 pub mod transform;
 pub mod value;
+pub mod verify;
 pub mod write;
