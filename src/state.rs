@@ -227,6 +227,33 @@ impl StateStore {
         })
     }
 
+    /// Up to `limit` keys under `prefix` that sort after `after`, with their
+    /// values: for walking a large set a chunk at a time without holding it.
+    pub fn chunk_after<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, T)>, StateError> {
+        use std::ops::Bound;
+        let range = (
+            Bound::Excluded(after.as_bytes().to_vec()),
+            Bound::Unbounded::<Vec<u8>>,
+        );
+        let mut out = Vec::new();
+        for kv in self.db.range(range) {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix.as_bytes()) || out.len() >= limit {
+                break;
+            }
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let val = serde_json::from_slice(&v)
+                .map_err(|e| self.err(format!("`{key}` is corrupt: {e}")))?;
+            out.push((key, val));
+        }
+        Ok(out)
+    }
+
     /// Remove every key under `prefix`; returns how many.
     pub fn remove_prefix(&self, prefix: &str) -> Result<u64, StateError> {
         let mut n = 0;

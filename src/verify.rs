@@ -1728,16 +1728,24 @@ pub fn render(r: &VerifyReport) -> String {
 // ---- repair -------------------------------------------------------------------
 
 /// Rewrite missing and different items from a fresh consistent read of their
-/// source, delete orphans, then re-verify exactly those keys.
+/// source, delete orphans, then re-verify exactly those keys. Walks the
+/// recorded mismatches a chunk at a time: memory does not grow with them.
 async fn repair(ctx: &Ctx) -> anyhow::Result<RepairReport> {
-    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
     let mut report = RepairReport::default();
-    let mut forward = Vec::new();
-    let mut orphans = Vec::new();
-    {
-        let l = ctx.ledger.lock().await;
-        for kv in l.store.iter_prefix::<Mismatch>(MM) {
-            let (_, m) = kv?;
+    let mut after = MM.to_string();
+    loop {
+        let chunk: Vec<(String, Mismatch)> = ctx
+            .ledger
+            .lock()
+            .await
+            .store
+            .chunk_after(MM, &after, GET_BATCH)?;
+        let Some((last, _)) = chunk.last() else {
+            return Ok(report);
+        };
+        after = last.clone();
+        let (mut forward, mut orphans) = (Vec::new(), Vec::new());
+        for (_, m) in chunk {
             match m.kind {
                 Kind::Missing | Kind::Different => forward.push(m),
                 Kind::Orphan => orphans.push(m),
@@ -1745,34 +1753,44 @@ async fn repair(ctx: &Ctx) -> anyhow::Result<RepairReport> {
                 Kind::Unconfirmed => {}
             }
         }
+        repair_chunk(ctx, &forward, &orphans, &mut report).await?;
     }
-    for chunk in forward.chunks(GET_BATCH) {
-        let skeys: Vec<Item> = chunk.iter().filter_map(|m| m.source_key.clone()).collect();
-        let sources = ctx.get(false, &skeys, true).await?;
-        let mut items = Vec::new();
-        for k in &skeys {
-            match encode_key(k, &sn)
-                .and_then(|k| sources.get(&k))
-                .map(|s| transform(&ctx.plan, s))
-            {
-                Some(Outcome::Put { item, .. }) => items.push(item),
-                _ => report.skipped += 1,
-            }
-        }
-        for batch in items.chunks(crate::write::BATCH) {
-            let r = write_batch(
-                &ctx.clients,
-                &ctx.plan.target_table,
-                batch,
-                &ctx.tgt,
-                ctx.opts.max_retries,
-            )
-            .await?;
-            report.rewritten += r.refused.iter().filter(|x| x.is_none()).count() as u64;
-            report.still_different += r.refused.iter().filter(|x| x.is_some()).count() as u64;
+}
+
+async fn repair_chunk(
+    ctx: &Ctx,
+    forward: &[Mismatch],
+    orphans: &[Mismatch],
+    report: &mut RepairReport,
+) -> anyhow::Result<()> {
+    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
+    let skeys: Vec<Item> = forward
+        .iter()
+        .filter_map(|m| m.source_key.clone())
+        .collect();
+    let sources = ctx.get(false, &skeys, true).await?;
+    let mut items = Vec::new();
+    for k in &skeys {
+        match encode_key(k, &sn)
+            .and_then(|k| sources.get(&k))
+            .map(|s| transform(&ctx.plan, s))
+        {
+            Some(Outcome::Put { item, .. }) => items.push(item),
+            _ => report.skipped += 1,
         }
     }
-    for m in &orphans {
+    for batch in items.chunks(crate::write::BATCH) {
+        let r = write_batch(
+            &ctx.clients,
+            &ctx.plan.target_table,
+            batch,
+            &ctx.tgt,
+            ctx.opts.max_retries,
+        )
+        .await?;
+        report.rewritten += r.refused.iter().filter(|x| x.is_none()).count() as u64;
+    }
+    for m in orphans {
         let Some(key) = &m.target_key else { continue };
         loop {
             ctx.tgt.wait_write().await;
@@ -1796,46 +1814,49 @@ async fn repair(ctx: &Ctx) -> anyhow::Result<RepairReport> {
             }
         }
     }
-    // Re-verify exactly those keys, with the same re-check rule.
+    // Re-verify exactly those keys, with the same re-check rule (a write
+    // DynamoDB refused shows up here as still different).
     let now = now_ms();
-    let fresh = |m: &Mismatch| Mismatch {
-        found_at_ms: now,
-        ..m.clone()
-    };
+    let fresh: Vec<Mismatch> = forward
+        .iter()
+        .map(|m| Mismatch {
+            found_at_ms: now,
+            ..m.clone()
+        })
+        .collect();
     let mut still: Vec<Mismatch> = Vec::new();
-    for chunk in forward.chunks(GET_BATCH) {
-        for v in recheck_forward(ctx, chunk.iter().map(fresh).collect()).await? {
-            match v {
-                Verdict::Resolved => {}
-                Verdict::Confirmed(m) => still.push(m),
-                Verdict::Unconfirmed(m, why) => still.push(unconfirmed(m, why)),
-            }
+    for v in recheck_forward(ctx, fresh).await? {
+        match v {
+            Verdict::Resolved => {}
+            Verdict::Confirmed(m) => still.push(m),
+            Verdict::Unconfirmed(m, why) => still.push(unconfirmed(m, why)),
         }
     }
-    for chunk in orphans.chunks(GET_BATCH) {
-        let keys: Vec<Item> = chunk.iter().filter_map(|m| m.target_key.clone()).collect();
-        let present = ctx.get(true, &keys, true).await?;
-        for m in chunk {
-            if m.target_key
-                .as_ref()
-                .and_then(|k| encode_key(k, &tn))
-                .is_some_and(|k| present.contains_key(&k))
-            {
-                still.push(m.clone());
-            }
+    let keys: Vec<Item> = orphans
+        .iter()
+        .filter_map(|m| m.target_key.clone())
+        .collect();
+    let present = ctx.get(true, &keys, true).await?;
+    for m in orphans {
+        if m.target_key
+            .as_ref()
+            .and_then(|k| encode_key(k, &tn))
+            .is_some_and(|k| present.contains_key(&k))
+        {
+            still.push(m.clone());
         }
     }
     report.still_different += still.len() as u64;
-    report.examples = still
-        .iter()
-        .take(EXAMPLES)
-        .map(|m| Example {
-            kind: m.kind,
-            key: show_key(&ctx.plan, m, ctx.opts.show_keys),
-            attributes: m.attributes.clone(),
-        })
-        .collect();
-    Ok(report)
+    for m in still {
+        if report.examples.len() < EXAMPLES {
+            report.examples.push(Example {
+                kind: m.kind,
+                key: show_key(&ctx.plan, &m, ctx.opts.show_keys),
+                attributes: m.attributes.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
