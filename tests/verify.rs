@@ -342,7 +342,7 @@ async fn kill_9_mid_verify_resumes_with_the_same_counts() {
         "--page-size",
         "50",
         "--read-rate",
-        "25",
+        "15",
     ]);
     let mut child = spawn_rekey(&args, s.env.ddb.endpoint());
     wait_for_progress(&s.state.join("verify"), Duration::from_secs(60)).await;
