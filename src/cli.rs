@@ -20,6 +20,8 @@ pub mod exit {
     pub const BAD_INPUT: i32 = 2;
     /// A gate was not met in time: the drain barrier (and later cutover's gates).
     pub const GATE: i32 = 3;
+    /// `verify` found differences, or could not settle some (the tail is behind).
+    pub const DIFFERENCES: i32 = 4;
     /// An AWS call failed: unreachable endpoint, missing table, missing permission.
     pub const AWS: i32 = 5;
 }
@@ -29,8 +31,16 @@ pub mod exit {
 #[error("{0}")]
 pub struct InputError(pub String);
 
+/// A gate that must hold before going on did not (exit 3).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GateNotMet(pub String);
+
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     for cause in err.chain() {
+        if cause.is::<GateNotMet>() {
+            return exit::GATE;
+        }
         if cause.is::<PlanErrors>() || cause.is::<InputError>() {
             return exit::BAD_INPUT;
         }
@@ -99,6 +109,8 @@ pub enum Command {
     Run(RunArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
+    /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).
+    Verify(VerifyArgs),
     /// Prove the tail has applied every source write made before now: write a
     /// marker item into the source and wait until the running tail reports it.
     Drain(DrainArgs),
@@ -233,6 +245,35 @@ pub struct TailArgs {
     /// Rejected items (default: <state dir>/tail-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Read budget for the target: RCU per second, or a share of its provisioned read capacity. Default: unlimited.
+    #[arg(long, value_name = "RCU|N%")]
+    pub target_read_rate: Option<Rate>,
+    /// How long a re-check waits for the tail to apply past a difference, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub recheck_timeout: f64,
+    /// Discard an unfinished verify and start a new one.
+    #[arg(long)]
+    pub restart: bool,
+    /// Rewrite missing and different items, delete orphans, then re-verify those keys.
+    #[arg(long)]
+    pub repair: bool,
+    /// Write budget for --repair, WCU per second.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Verify a random P% of source items (the same ones every run), forward only.
+    #[arg(long, value_name = "P")]
+    pub sample: Option<f64>,
     #[arg(long)]
     pub json: bool,
 }

@@ -11,7 +11,8 @@ use crate::progress::{Progress, ProgressMode};
 use crate::redact::{PlanRedactor, Redactor};
 use crate::rejects::RejectsFile;
 use crate::tail::{self, TailOptions};
-use crate::{barrier, check, cutover, demo, iam, state, status};
+use crate::verify::{self, VerifyOptions};
+use crate::{barrier, check, cutover, demo, iam, lifecycle, state, status};
 
 fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
     AnalyzeOptions {
@@ -70,6 +71,21 @@ fn backfill_options(c: &crate::cli::CopyArgs, state_dir: std::path::PathBuf) -> 
         max_retries: 10,
         from_export: c.from_export.clone(),
         export_files_in_parallel: c.export_parallel,
+    }
+}
+
+fn tail_options(
+    state_dir: &std::path::Path,
+    rejects: Option<std::path::PathBuf>,
+    exit_when_idle: Option<std::time::Duration>,
+    write_rate: Option<f64>,
+) -> TailOptions {
+    TailOptions {
+        rejects: rejects.unwrap_or_else(|| state_dir.join("tail-rejects.jsonl")),
+        state_dir: state_dir.to_path_buf(),
+        exit_when_idle,
+        write_rate,
+        poll_interval: std::time::Duration::from_millis(250),
     }
 }
 
@@ -188,16 +204,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .state_dir
                 .clone()
                 .unwrap_or_else(|| state::default_dir(&a.plan));
-            let opts = TailOptions {
-                rejects: a
-                    .rejects
-                    .clone()
-                    .unwrap_or_else(|| state_dir.join("tail-rejects.jsonl")),
-                state_dir,
-                exit_when_idle: a.exit_when_idle.map(std::time::Duration::from_secs_f64),
-                write_rate: a.write_rate,
-                poll_interval: std::time::Duration::from_millis(250),
-            };
+            let opts = tail_options(
+                &state_dir,
+                a.rejects.clone(),
+                a.exit_when_idle.map(secs),
+                a.write_rate,
+            );
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = tail::run(&clients, &plan, &opts, &progress).await?;
@@ -215,6 +227,110 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 );
             }
             Ok(exit::OK)
+        }
+        Command::Verify(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = a
+                .state
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| state::default_dir(&a.plan));
+            if let Some(p) = a.sample
+                && !(p > 0.0 && p <= 100.0)
+            {
+                return Err(InputError(format!(
+                    "--sample {p}: give a percentage above 0, at most 100"
+                ))
+                .into());
+            }
+            if !(a.recheck_timeout >= 0.0 && a.recheck_timeout.is_finite()) {
+                return Err(InputError("--recheck-timeout: give seconds, 0 or more".into()).into());
+            }
+            let opts = VerifyOptions {
+                state_dir,
+                segments: a.scan.segments,
+                page_limit: a.scan.page_size,
+                read_rate: a.scan.read_rate,
+                target_read_rate: a.target_read_rate,
+                write_rate: a.write_rate,
+                recheck_timeout: std::time::Duration::from_secs_f64(a.recheck_timeout),
+                stale_after: std::time::Duration::from_secs(30),
+                restart: a.restart,
+                repair: a.repair,
+                sample: a.sample,
+                show_keys: cli.show_keys,
+                max_retries: 10,
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let progress = Progress::new(stream_mode(quiet, a.json));
+            let report = verify::run(&clients, &plan, &opts, &progress).await?;
+            if a.json {
+                print_done(&report)?;
+            } else {
+                print!("{}", verify::render(&report));
+            }
+            Ok(if report.ok() {
+                exit::OK
+            } else {
+                exit::DIFFERENCES
+            })
+        }
+        Command::Run(a) => {
+            let plan = Plan::load(&a.plan)?;
+            let state_dir = state_dir_of(&a.plan, &a.state);
+            let analyze = (!a.skip_analyze).then(|| {
+                (
+                    ScanSettings {
+                        segments: a.copy.scan.segments,
+                        read_rate: a.copy.scan.read_rate,
+                        page_limit: a.copy.scan.page_size,
+                    },
+                    AnalyzeOptions {
+                        app_write_rate: Some(a.app_write_rate),
+                        ..AnalyzeOptions::default()
+                    },
+                )
+            });
+            let opts = lifecycle::RunOptions {
+                analyze,
+                allow_hot_keys: a.allow_hot_keys,
+                backfill: backfill_options(&a.copy, state_dir.clone()),
+                tail: tail_options(&state_dir, None, None, None),
+                verify: VerifyOptions {
+                    state_dir: state_dir.clone(),
+                    segments: a.copy.scan.segments,
+                    page_limit: a.copy.scan.page_size,
+                    read_rate: a.copy.scan.read_rate,
+                    target_read_rate: a.copy.scan.read_rate,
+                    write_rate: 0.0,
+                    recheck_timeout: secs(a.recheck_timeout),
+                    stale_after: std::time::Duration::from_secs(30),
+                    restart: false,
+                    repair: false,
+                    sample: None,
+                    show_keys: cli.show_keys,
+                    max_retries: 10,
+                },
+                drain_timeout: secs(a.drain_timeout),
+                exit_when_ready: a.exit_when_ready,
+                state_dir,
+            };
+            let clients = Clients::connect(&cli.aws.options()).await?;
+            let progress = Progress::new(stream_mode(quiet, a.json));
+            let report = lifecycle::run(&clients, &plan, &opts, &progress).await?;
+            if a.json {
+                print_done(&report)?;
+            } else {
+                match &report.blocked {
+                    Some(why) => println!("stopped: {why}"),
+                    None => println!("phase: {:?}", report.phase),
+                }
+            }
+            Ok(if report.blocked.is_some() {
+                exit::DIFFERENCES
+            } else {
+                exit::OK
+            })
         }
         Command::Drain(a) => {
             let plan = Plan::load(&a.plan)?;

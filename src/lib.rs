@@ -35,8 +35,13 @@
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
 //! * [`backfill`] — the copy: Scan → transform → conditional puts, checkpointed;
 //!   [`control`] pauses it and changes its rates while it runs.
+//! * [`lifecycle`] — `rekey run`: analyze gate, tail, backfill, catch-up,
+//!   verify, ready for cutover, in one resumable command.
 //! * [`cutover`] — gates, the postpone flag, the drain barrier, the durable
 //!   cutover record; `rekey finish`.
+//! * [`verify`] — both ways, checkpointed: every source item's transform is
+//!   in the target exactly, every target item maps back to a source item;
+//!   differences re-checked against the tail's progress before they count.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
@@ -70,6 +75,7 @@ pub mod export;
 pub mod hash;
 pub mod iam;
 pub mod itemfile;
+pub mod lifecycle;
 pub mod local;
 pub mod plan;
 pub mod progress;
@@ -86,4 +92,5 @@ pub mod tail;
 pub mod template;
 pub mod transform;
 pub mod value;
+pub mod verify;
 pub mod write;

@@ -20,6 +20,7 @@ use crate::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::aws::Clients;
 use crate::backfill::{self, BackfillOptions};
 use crate::barrier::{self, DrainOptions};
+use crate::cli::GateNotMet;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
 use crate::status;
@@ -58,10 +59,6 @@ pub struct RunReport {
     /// Why the run stopped before ready-for-cutover (gate not met, differences).
     pub blocked: Option<String>,
 }
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct GateNotMet(pub String);
 
 pub async fn run(
     clients: &Clients,
@@ -195,7 +192,10 @@ async fn phases(
     if !status::verify_clean(&verdict) {
         report.blocked = Some(format!(
             "verify found differences (see {}); repair with `rekey verify --repair`, then run again",
-            opts.state_dir.join("verify").join("mismatches.jsonl").display()
+            opts.state_dir
+                .join("verify")
+                .join("mismatches.jsonl")
+                .display()
         ));
     }
     report.verify = Some(verdict);

@@ -298,6 +298,12 @@ impl Control {
         self.throttled(false, e, 2).await;
     }
 
+    /// Record a throttled read on its `attempt`-th retry (BatchGetItem's
+    /// UnprocessedKeys), cut the read rate, and back off exponentially.
+    pub async fn read_throttled_retry(&self, e: &AwsError, attempt: u32) {
+        self.throttled(false, e, attempt).await;
+    }
+
     /// Record a throttled write (its `attempt`-th retry), cut the write rate, and back off.
     pub async fn write_throttled(&self, e: &AwsError, attempt: u32) {
         self.throttled(true, e, attempt).await;

@@ -172,6 +172,94 @@ impl StateStore {
     }
 }
 
+/// Several writes and removals applied together: all or none survive a crash.
+#[derive(Default)]
+pub struct StoreBatch {
+    batch: sled::Batch,
+}
+
+impl StoreBatch {
+    pub fn put<T: Serialize + ?Sized>(&mut self, key: &str, value: &T) -> serde_json::Result<()> {
+        self.batch
+            .insert(key.as_bytes(), serde_json::to_vec(value)?);
+        Ok(())
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        self.batch.remove(key.as_bytes());
+    }
+}
+
+impl StateStore {
+    /// Apply a [`StoreBatch`] atomically (not yet flushed).
+    pub fn apply(&self, batch: StoreBatch) -> Result<(), StateError> {
+        self.db.apply_batch(batch.batch).map_err(|e| self.err(e))
+    }
+
+    pub fn contains(&self, key: &str) -> Result<bool, StateError> {
+        self.db.contains_key(key).map_err(|e| self.err(e))
+    }
+
+    /// Keys under `prefix` with their values, in ascending key order, streamed
+    /// from disk (for sets larger than memory).
+    pub fn iter_prefix<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> impl Iterator<Item = Result<(String, T), StateError>> + '_ {
+        self.db.scan_prefix(prefix).map(move |kv| {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let val = serde_json::from_slice(&v)
+                .map_err(|e| self.err(format!("`{key}` is corrupt: {e}")))?;
+            Ok((key, val))
+        })
+    }
+
+    /// Up to `limit` keys under `prefix` that sort after `after`, with their
+    /// values: for walking a large set a chunk at a time without holding it.
+    pub fn chunk_after<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, T)>, StateError> {
+        use std::ops::Bound;
+        let range = (
+            Bound::Excluded(after.as_bytes().to_vec()),
+            Bound::Unbounded::<Vec<u8>>,
+        );
+        let mut out = Vec::new();
+        for kv in self.db.range(range) {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix.as_bytes()) || out.len() >= limit {
+                break;
+            }
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let val = serde_json::from_slice(&v)
+                .map_err(|e| self.err(format!("`{key}` is corrupt: {e}")))?;
+            out.push((key, val));
+        }
+        Ok(out)
+    }
+
+    /// Remove every key under `prefix`; returns how many.
+    pub fn remove_prefix(&self, prefix: &str) -> Result<u64, StateError> {
+        let mut n = 0;
+        let mut batch = sled::Batch::default();
+        for kv in self.db.scan_prefix(prefix).keys() {
+            batch.remove(kv.map_err(|e| self.err(e))?);
+            n += 1;
+            if n % 10_000 == 0 {
+                self.db
+                    .apply_batch(std::mem::take(&mut batch))
+                    .map_err(|e| self.err(e))?;
+            }
+        }
+        self.db.apply_batch(batch).map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+}
+
 /// Phases a migration goes through, kept in the store for `status` and resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

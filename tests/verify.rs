@@ -1,0 +1,516 @@
+//! `rekey verify` against DynamoDB Local: clean after a backfill; each kind of
+//! corruption found (and key values kept off the terminal); `--repair` fixes
+//! them; kill -9 resumes; a transient difference while the tail catches up is
+//! not counted, a persistent one is, and a stalled tail leaves it unconfirmed.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{SecondsFormat, Utc};
+use rekey::plan::Plan;
+use rekey::transform::{Outcome, transform};
+use rekey::value::Item;
+use serde_json::Value as Json;
+use support::*;
+
+fn plan_text(source: &str, target: &str, prefix: bool) -> String {
+    format!(
+        r#"
+[source]
+table = "{source}"
+partition_key = "PK"
+sort_key = "SK"
+
+[target]
+table = "{target}"
+partition_key = "PK"
+sort_key = "SK"
+
+[options]
+{}
+drop = ["scratch"]
+
+[[rule]]
+name = "order"
+match = {{ PK = "T#{{t}}#D#{{d}}", SK = "O#{{id}}" }}
+key = {{ PK = "T#{{t}}#D#{{d}}#S#{{shard(id, 8)}}", SK = "O#{{id}}" }}
+set = {{ GSI1PK = "T#{{t}}#ST#{{@status}}" }}
+
+[[rule]]
+name = "collide"
+match = {{ PK = "C#{{x}}", SK = "{{y}}" }}
+key = {{ PK = "C", SK = "SAME#{{x}}" }}
+"#,
+        if prefix {
+            "source_key_prefix = \"src_\""
+        } else {
+            ""
+        }
+    )
+}
+
+fn order(i: usize) -> Item {
+    let text = format!(
+        r#"{{"PK":{{"S":"T#t{}#D#2026-07-0{}"}},"SK":{{"S":"O#{i:06}"}},"status":{{"S":"{}"}},
+            "total":{{"N":"{i}.50"}},"big":{{"N":"123456789012345678901234567890.{i}"}},
+            "tags":{{"SS":["a","b{}"]}},"ns":{{"NS":["-1","{i}"]}},"raw":{{"B":"AAECAw=="}},
+            "nested":{{"M":{{"l":{{"L":[{{"BOOL":true}},{{"NULL":true}},{{"S":"ü"}}]}}}}}},
+            "scratch":{{"S":"dropped"}}}}"#,
+        i % 50,
+        1 + i % 3,
+        if i.is_multiple_of(4) { "OPEN" } else { "DONE" },
+        i % 7
+    );
+    item(&text.replace('\n', ""))
+}
+
+/// Orders, five colliding pairs (one of each pair is rejected), seven unmatched items.
+fn workload(n: usize) -> Vec<Item> {
+    let mut items: Vec<Item> = (0..n).map(order).collect();
+    for x in 0..5 {
+        for y in 0..2 {
+            items.push(item(&format!(
+                r#"{{"PK":{{"S":"C#{x}"}},"SK":{{"S":"{y}"}}}}"#
+            )));
+        }
+    }
+    for i in 0..7 {
+        items.push(item(&format!(
+            r#"{{"PK":{{"S":"X#{i}"}},"SK":{{"S":"?"}}}}"#
+        )));
+    }
+    items
+}
+
+struct Setup {
+    env: TestEnv,
+    source: String,
+    target: String,
+    plan: Plan,
+    plan_s: String,
+    state: std::path::PathBuf,
+    state_s: String,
+    n: usize,
+}
+
+async fn setup(n: usize, prefix: bool) -> Setup {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_table(&source, &pk_sk()).await;
+    env.create_table(&target, &pk_sk()).await;
+    env.put(&source, &workload(n)).await;
+    let text = plan_text(&source, &target, prefix);
+    let plan_path = env.file("plan.toml", &text);
+    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let state = env.dir.path().join("state");
+    let s = Setup {
+        plan_s: plan_path.to_str().unwrap().to_string(),
+        state_s: state.to_str().unwrap().to_string(),
+        env,
+        source,
+        target,
+        plan,
+        state,
+        n,
+    };
+    let out = s.rekey(&["backfill", "--json"]);
+    assert!(out.status.success(), "backfill: {}", stderr(&out));
+    s
+}
+
+impl Setup {
+    /// `rekey CMD PLAN --state-dir STATE ARGS…`
+    fn rekey(&self, args: &[&str]) -> std::process::Output {
+        let mut all = vec![args[0], self.plan_s.as_str(), "--state-dir", &self.state_s];
+        all.extend_from_slice(&args[1..]);
+        self.env.rekey(&all)
+    }
+
+    fn verify_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec!["verify", self.plan_s.as_str(), "--state-dir", &self.state_s];
+        v.extend_from_slice(extra);
+        v
+    }
+
+    fn target_key(&self, source_item: &Item) -> Item {
+        let Outcome::Put { item, .. } = transform(&self.plan, source_item) else {
+            panic!("not a put")
+        };
+        ["PK", "SK"]
+            .iter()
+            .map(|n| (n.to_string(), item[*n].clone()))
+            .collect()
+    }
+
+    fn mismatches(&self) -> Vec<Json> {
+        std::fs::read_to_string(self.state.join("verify/mismatches.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+fn counts(r: &Json) -> &Json {
+    &r["counts"]
+}
+
+fn n(v: &Json, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("no count {k} in {v}"))
+}
+
+/// The books balance: scanned = matched + mismatched + rejected + skipped.
+fn assert_accounted(r: &Json) {
+    let c = counts(r);
+    assert_eq!(
+        n(c, "scanned"),
+        n(c, "matched")
+            + n(c, "missing")
+            + n(c, "different")
+            + n(c, "unconfirmed")
+            + n(c, "rejected")
+            + n(c, "skipped")
+            + n(c, "unsampled"),
+        "{c}"
+    );
+    assert_eq!(n(c, "pending") + n(c, "pending_orphans"), 0, "{c}");
+    assert_eq!(
+        n(c, "target_scanned"),
+        n(c, "target_matched") + n(c, "orphans") + n(c, "unconfirmed_orphans"),
+        "{c}"
+    );
+}
+
+fn all_output(o: &std::process::Output) -> String {
+    format!("{}{}", stdout(o), stderr(o))
+}
+
+async fn corruptions_are_found_and_repaired(prefix: bool) {
+    let s = setup(300, prefix).await;
+    let out = s.env.rekey(&s.verify_args(&["--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let r = report(&out);
+    assert_accounted(&r);
+    let c = counts(&r);
+    assert_eq!(n(c, "scanned"), (s.n + 17) as u64);
+    assert_eq!(n(c, "matched"), (s.n + 5) as u64);
+    assert_eq!((n(c, "rejected"), n(c, "collisions")), (12, 5));
+    assert_eq!(n(c, "target_scanned"), (s.n + 5) as u64);
+    assert_eq!(r["clean"], true);
+    let result: Json =
+        serde_json::from_str(&std::fs::read_to_string(s.state.join("verify/result.json")).unwrap())
+            .unwrap();
+    assert_eq!(result["clean"], true, "{result}");
+    assert!(result["finished_at"].as_str().unwrap().ends_with('Z'));
+
+    // Corrupt the target: a changed attribute, a deleted item, an orphan.
+    let ddb = &s.env.clients.dynamodb;
+    let changed = s.target_key(&order(10));
+    ddb.update_item()
+        .table_name(&s.target)
+        .set_key(Some(rekey::aws::to_sdk_item(&changed)))
+        .update_expression("SET #t = :t")
+        .expression_attribute_names("#t", "total")
+        .expression_attribute_values(":t", AttributeValue::N("10.51".into()))
+        .send()
+        .await
+        .unwrap();
+    let deleted = s.target_key(&order(20));
+    ddb.delete_item()
+        .table_name(&s.target)
+        .set_key(Some(rekey::aws::to_sdk_item(&deleted)))
+        .send()
+        .await
+        .unwrap();
+    let orphan = if prefix {
+        item(
+            r#"{"PK":{"S":"ORPHAN#zzz-secret"},"SK":{"S":"O#999999"},"src_PK":{"S":"T#ghost#D#2026-07-01"},"src_SK":{"S":"O#999999"}}"#,
+        )
+    } else {
+        item(r#"{"PK":{"S":"ORPHAN#zzz-secret"},"SK":{"S":"O#999999"}}"#)
+    };
+    s.env.put(&s.target, &[orphan]).await;
+    let secrets = ["O#000010", "O#000020", "ORPHAN#zzz-secret"];
+
+    let out = s.env.rekey(&s.verify_args(&["--json"]));
+    assert_eq!(out.status.code(), Some(4), "{}", all_output(&out));
+    let r = report(&out);
+    assert_accounted(&r);
+    let c = counts(&r);
+    assert_eq!(
+        (n(c, "different"), n(c, "missing"), n(c, "orphans")),
+        (1, 1, 1),
+        "{c}"
+    );
+    assert_eq!(r["clean"], false);
+    for secret in secrets {
+        assert!(
+            !all_output(&out).contains(secret),
+            "--json output shows a key value: {}",
+            all_output(&out)
+        );
+    }
+    let mm = s.mismatches();
+    assert_eq!(mm.len(), 3, "{mm:?}");
+    let by_kind = |k: &str| mm.iter().find(|m| m["kind"] == k).unwrap().clone();
+    let d = by_kind("different");
+    assert_eq!(d["source_key"]["SK"]["S"], "O#000010");
+    assert_eq!(d["attributes"], serde_json::json!(["total"]));
+    assert_eq!(by_kind("missing")["target_key"]["SK"]["S"], "O#000020");
+    assert_eq!(
+        by_kind("orphan")["target_key"]["PK"]["S"],
+        "ORPHAN#zzz-secret"
+    );
+
+    // Plain output: labels, not keys; with --show-keys, the keys.
+    let out = s.env.rekey(&s.verify_args(&[]));
+    assert_eq!(out.status.code(), Some(4));
+    let text = all_output(&out);
+    assert!(text.contains("‹") && text.contains("DIFFERENCES"), "{text}");
+    for secret in secrets {
+        assert!(!text.contains(secret), "plain output shows a key: {text}");
+    }
+    let out = s.env.rekey(&s.verify_args(&["--show-keys"]));
+    assert_eq!(out.status.code(), Some(4));
+    let text = all_output(&out);
+    for secret in secrets {
+        assert!(text.contains(secret), "--show-keys hides {secret}: {text}");
+    }
+
+    let out = s.env.rekey(&s.verify_args(&["--repair", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let r = report(&out);
+    let rep = &r["repair"];
+    assert_eq!(
+        (
+            n(rep, "rewritten"),
+            n(rep, "deleted"),
+            n(rep, "still_different")
+        ),
+        (2, 1, 0),
+        "{rep}"
+    );
+
+    let out = s.env.rekey(&s.verify_args(&["--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let r = report(&out);
+    assert_eq!(r["clean"], true);
+    assert!(s.mismatches().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corruptions_found_and_repaired_with_source_key_prefix() {
+    corruptions_are_found_and_repaired(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corruptions_found_and_repaired_through_the_expected_key_set() {
+    corruptions_are_found_and_repaired(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_verifies_the_same_share_every_run() {
+    let s = setup(400, false).await;
+    let a = report(&s.env.rekey(&s.verify_args(&["--sample", "25", "--json"])));
+    let b = report(&s.env.rekey(&s.verify_args(&["--sample", "25", "--json"])));
+    assert_accounted(&a);
+    let (ca, cb) = (counts(&a), counts(&b));
+    assert_eq!(ca, cb, "the same items each run");
+    let picked = n(ca, "scanned") - n(ca, "unsampled");
+    assert!((50..170).contains(&picked), "{ca}");
+    assert_eq!(n(ca, "target_scanned"), 0, "forward only");
+    assert!(a["sample"]["mismatch_rate_upper_95"].as_f64().unwrap() > 0.0);
+    let out = s.env.rekey(&s.verify_args(&["--sample", "0"]));
+    assert_eq!(out.status.code(), Some(2), "{}", all_output(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_verify_resumes_with_the_same_counts() {
+    let s = setup(2000, false).await;
+    let args = s.verify_args(&[
+        "--json",
+        "--segments",
+        "2",
+        "--page-size",
+        "50",
+        "--read-rate",
+        "15",
+    ]);
+    let mut child = spawn_rekey(&args, s.env.ddb.endpoint());
+    wait_for_progress(&s.state.join("verify"), Duration::from_secs(60)).await;
+    let mut rng = Rng::from_time();
+    tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "verify finished before the kill"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let out = s.env.rekey(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let resumed = report(&out);
+    assert_eq!(resumed["resumed"], true);
+    let total = n(counts(&resumed), "scanned");
+    assert!(
+        n(&resumed, "this_run_scanned") < total,
+        "the rerun did not start from zero: {resumed}"
+    );
+    assert_accounted(&resumed);
+
+    let fresh = report(&s.env.rekey(&s.verify_args(&["--json"])));
+    assert_eq!(fresh["resumed"], false);
+    let strip = |v: &Json| {
+        let mut c = counts(v).clone();
+        c["resolved"] = 0.into();
+        c
+    };
+    assert_eq!(
+        strip(&resumed),
+        strip(&fresh),
+        "same counts as an unbroken run"
+    );
+}
+
+/// A fake tail: writes `<state>/tail/status.json` (tmp + rename) every 200 ms,
+/// with `applied_through` held in the past until told it has caught up.
+struct FakeTail {
+    caught_up: Arc<Mutex<bool>>,
+    stop: Arc<Mutex<bool>>,
+}
+
+impl FakeTail {
+    fn start(state: &std::path::Path) -> FakeTail {
+        let dir = state.join("tail");
+        std::fs::create_dir_all(&dir).unwrap();
+        let caught_up = Arc::new(Mutex::new(false));
+        let stop = Arc::new(Mutex::new(false));
+        let behind_at = Utc::now() - chrono::TimeDelta::seconds(60);
+        let (c, st) = (caught_up.clone(), stop.clone());
+        let write = move || {
+            let now = Utc::now();
+            let through = if *c.lock().unwrap() {
+                now - chrono::TimeDelta::milliseconds(200)
+            } else {
+                behind_at
+            };
+            let f = |t: chrono::DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
+            let v = serde_json::json!({"pid": 1, "updated_at": f(now), "applied_through": f(through),
+                "lag_seconds": (now - through).as_seconds_f64(), "backfill_done": true, "shards": []});
+            std::fs::write(dir.join("status.json.tmp"), v.to_string()).unwrap();
+            std::fs::rename(dir.join("status.json.tmp"), dir.join("status.json")).unwrap();
+        };
+        write();
+        std::thread::spawn(move || {
+            while !*st.lock().unwrap() {
+                write();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        FakeTail { caught_up, stop }
+    }
+}
+
+impl Drop for FakeTail {
+    fn drop(&mut self) {
+        *self.stop.lock().unwrap() = true;
+    }
+}
+
+/// Wait until the running verify says it is waiting for the tail.
+async fn wait_until_waiting_for_tail(state: &std::path::Path) {
+    let start = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(state.join("verify/progress.jsonl")).unwrap_or_default();
+        if text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Json>(l).ok())
+            .any(|v| v["waiting_for_tail"] == true)
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "verify never waited for the tail"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
+    let s = setup(200, false).await;
+    let ddb = &s.env.clients.dynamodb;
+    let tail = FakeTail::start(&s.state);
+
+    // The application updates a source item; the (fake) tail has not applied it yet.
+    let mut a = order(30);
+    a.insert("total".into(), rekey::value::Value::N("999".into()));
+    s.env.put(&s.source, std::slice::from_ref(&a)).await;
+    // Drift the tail will never fix: the target changed behind rekey's back.
+    let b = s.target_key(&order(40));
+    ddb.update_item()
+        .table_name(&s.target)
+        .set_key(Some(rekey::aws::to_sdk_item(&b)))
+        .update_expression("SET #t = :t")
+        .expression_attribute_names("#t", "total")
+        .expression_attribute_values(":t", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .unwrap();
+
+    let args = s.verify_args(&["--json", "--recheck-timeout", "60"]);
+    let child = spawn_rekey(&args, s.env.ddb.endpoint());
+    wait_until_waiting_for_tail(&s.state).await;
+    // The tail applies the pending change, then reports that it has caught up.
+    let Outcome::Put { item: a_target, .. } = transform(&s.plan, &a) else {
+        panic!()
+    };
+    s.env.put(&s.target, &[a_target]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    *tail.caught_up.lock().unwrap() = true;
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", all_output(&out));
+    let r = report(&out);
+    assert_accounted(&r);
+    let c = counts(&r);
+    assert_eq!(
+        (n(c, "different"), n(c, "missing"), n(c, "unconfirmed")),
+        (1, 0, 0),
+        "{c}"
+    );
+    assert!(
+        n(c, "resolved") >= 1,
+        "the transient one was a candidate: {c}"
+    );
+    let mm = s.mismatches();
+    assert_eq!(mm.len(), 1);
+    assert_eq!(mm[0]["source_key"]["SK"]["S"], "O#000040");
+
+    // A tail that stopped updating its status: the difference cannot be settled.
+    drop(tail);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let old =
+        (Utc::now() - chrono::TimeDelta::seconds(120)).to_rfc3339_opts(SecondsFormat::Millis, true);
+    std::fs::write(
+        s.state.join("tail/status.json"),
+        serde_json::json!({"pid": 1, "updated_at": old, "applied_through": old,
+            "lag_seconds": 0.0, "backfill_done": true, "shards": []})
+        .to_string(),
+    )
+    .unwrap();
+    let out = s.env.rekey(&s.verify_args(&[]));
+    assert_eq!(out.status.code(), Some(4), "{}", all_output(&out));
+    let text = all_output(&out);
+    assert!(
+        text.contains("1 unconfirmed") && text.contains("not running"),
+        "{text}"
+    );
+}
