@@ -127,9 +127,9 @@ pub async fn run(
     let result = phases(clients, plan, opts, progress, &mut report).await;
     let result = match result {
         Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
-            progress.note(&format!(
-                "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)"
-            ));
+            progress.note(
+                "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)",
+            );
             match tail_task.await {
                 Ok(r) => r.map(|_| ()),
                 Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
