@@ -23,8 +23,8 @@ pub enum StateError {
          resuming would mix two plans' items. Restore the plan, or start over with a new --state-dir"
     )]
     PlanChanged { stored: String, current: String },
-    #[error("another rekey process is driving this plan (state directory {dir} is locked)")]
-    Locked { dir: PathBuf },
+    #[error("another rekey process is driving this plan (state directory {dir} is locked{owner})")]
+    Locked { dir: PathBuf, owner: String },
     #[error("state directory {dir}: {detail}")]
     Store { dir: PathBuf, detail: String },
 }
@@ -36,6 +36,13 @@ const CACHE_BYTES: u64 = 8 * 1024 * 1024;
 pub struct StateStore {
     db: sled::Db,
     dir: PathBuf,
+}
+
+/// ", by pid N: rekey …" from the owner file the lock holder wrote, if any.
+fn owner_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("owner"))
+        .map(|t| format!(", by {}", t.trim()))
+        .unwrap_or_default()
 }
 
 /// The state directory a plan uses unless told otherwise.
@@ -73,6 +80,7 @@ impl StateStore {
                 {
                     StateError::Locked {
                         dir: dir.to_path_buf(),
+                        owner: owner_of(dir),
                     }
                 } else {
                     store_err(text)
@@ -82,6 +90,12 @@ impl StateStore {
             db,
             dir: dir.to_path_buf(),
         };
+        // Who holds the lock, for the error a second process gets.
+        let me: Vec<String> = std::env::args().collect();
+        let _ = std::fs::write(
+            dir.join("owner"),
+            format!("pid {}: {}\n", std::process::id(), me.join(" ")),
+        );
         match store.get::<String>("meta/fingerprint")? {
             Some(stored) if stored != plan.fingerprint => {
                 return Err(StateError::PlanChanged {

@@ -275,6 +275,13 @@ async fn a_second_driver_is_refused_and_pause_holds_writes() {
         "{}",
         stderr(&second)
     );
+    // …and names the one that is.
+    assert!(
+        stderr(&second).contains(&format!("by pid {}: ", first.id()))
+            && stderr(&second).contains("backfill"),
+        "{}",
+        stderr(&second)
+    );
 
     let control = |flag: &str| {
         let out = s.env.rekey(&[

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod app;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};

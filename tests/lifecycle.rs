@@ -1,0 +1,256 @@
+//! The whole migration as an operator runs it, against DynamoDB Local, while an
+//! application keeps writing: `rekey run` (killed with kill -9 at ten random
+//! points across its phases) to ready-for-cutover; a verify that finds, and
+//! `--repair` fixes, deliberately corrupted target items; `rekey cutover`
+//! through the postpone flag; `rekey finish`; then an independent comparison
+//! of the target with transform(source).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use rekey::plan::Plan;
+use rekey::value::{Item, Value};
+use support::app::*;
+use support::*;
+
+fn status(env: &TestEnv, plan: &str, state: &str) -> serde_json::Value {
+    let out = env.rekey(&["status", plan, "--state-dir", state, "--json"]);
+    assert!(out.status.success(), "status: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Orders the application never touches (ids from 9000): safe to corrupt.
+fn untouched(n: u64) -> Vec<Item> {
+    (9000..9000 + n).map(|i| order(i, "OPEN", i)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.clients
+        .create_table(&source, &source_key(), true)
+        .await
+        .unwrap();
+    env.create_table(&target, &target_key()).await;
+    // Skewed: most orders are OPEN, the status the old design would key on.
+    let mut seed: Vec<Item> = (0..1200)
+        .map(|i| {
+            order(
+                i,
+                STATUSES[usize::from(i % 10 >= 7) + usize::from(i % 10 == 9)],
+                i,
+            )
+        })
+        .collect();
+    seed.extend(untouched(10));
+    env.put(&source, &seed).await;
+    let text = plan_text(&source, &target);
+    let plan_path = env.file("plan.toml", &text);
+    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let state = env.dir.path().join("state");
+    let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
+    let endpoint = env.ddb.endpoint().to_string();
+    let run_args = [
+        "-q",
+        "run",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--app-write-rate",
+        "200",
+        "--segments",
+        "3",
+        "--page-size",
+        "50",
+        "--read-rate",
+        "300",
+        "--write-rate",
+        "300",
+        "--recheck-timeout",
+        "60",
+    ];
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let app = async {
+        let mut rng = Rng::from_time();
+        let mut ops = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            ops += writer(&env, source.clone(), 1200, 40, rng.next()).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ops
+    };
+    let operator = async {
+        // Ten kill -9 points across the phases, each after a random time.
+        let mut rng = Rng::from_time();
+        let mut phases_killed = Vec::new();
+        for _ in 0..10 {
+            let mut run = spawn_rekey(&run_args, &endpoint);
+            tokio::time::sleep(Duration::from_millis(700 + rng.below(2500))).await;
+            let phase = status(&env, plan_s, state_s)["phase"].clone();
+            if run.try_wait().unwrap().is_none() {
+                run.kill().unwrap();
+            }
+            let exit = run.wait().unwrap();
+            phases_killed.push((phase, exit.code()));
+        }
+        eprintln!("kill points (phase, exit): {phases_killed:?}");
+
+        // The last run reaches ready-for-cutover and keeps tailing.
+        let mut run = spawn_rekey(&run_args, &endpoint);
+        let started = Instant::now();
+        loop {
+            let s = status(&env, plan_s, state_s);
+            if s["phase"] == "ready_for_cutover" {
+                eprintln!("ready after {:?}: {}", started.elapsed(), s["verify"]);
+                break;
+            }
+            if let Some(code) = run.try_wait().unwrap() {
+                let out = run.wait_with_output().unwrap();
+                panic!(
+                    "run exited {code:?} before ready: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "not ready in 10 min: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+
+        // Corrupt three target items the application never touches.
+        let target_items = env.table_map(&target, &["PK", "SK"]).await;
+        let of = |id: u64| {
+            target_items
+                .iter()
+                .find(|(_, v)| v["SK"] == Value::S(format!("O#{id}")))
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        let mut changed = of(9001);
+        changed.insert("v".into(), Value::N("-1".into()));
+        env.put(&target, &[changed]).await;
+        let missing = of(9002);
+        env.clients
+            .dynamodb
+            .delete_item()
+            .table_name(&target)
+            .set_key(Some(rekey::aws::to_sdk_item(
+                &missing
+                    .iter()
+                    .filter(|(k, _)| *k == "PK" || *k == "SK")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )))
+            .send()
+            .await
+            .unwrap();
+        let mut orphan = of(9003);
+        orphan.insert("SK".into(), Value::S("O#77777".into()));
+        env.put(&target, &[orphan]).await;
+
+        let verify = |extra: &[&str]| {
+            let mut args = vec![
+                "verify",
+                plan_s,
+                "--state-dir",
+                state_s,
+                "--json",
+                "--restart",
+            ];
+            args.extend_from_slice(extra);
+            env.rekey(&args)
+        };
+        let out = verify(&[]);
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+        let r = report(&out);
+        let c = &r["counts"];
+        assert_eq!(
+            (
+                c["missing"].as_u64(),
+                c["different"].as_u64(),
+                c["orphans"].as_u64()
+            ),
+            (Some(1), Some(1), Some(1)),
+            "exactly the three corruptions, no false alarm from live writes: {r}"
+        );
+        let out = verify(&["--repair"]);
+        assert!(out.status.success(), "repair: {}", stderr(&out));
+        let out = verify(&[]);
+        assert!(out.status.success(), "clean after repair: {}", stderr(&out));
+
+        // Cutover, at the moment the operator chooses: postponed by the flag file.
+        std::fs::write(state.join("postpone"), b"").unwrap();
+        let mut cut = spawn_rekey(
+            &[
+                "cutover",
+                plan_s,
+                "--state-dir",
+                state_s,
+                "--json",
+                "--max-lag",
+                "30",
+            ],
+            &endpoint,
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            cut.try_wait().unwrap().is_none(),
+            "cutover waits while postponed"
+        );
+        assert!(!state.join("cutover.json").exists());
+        std::fs::remove_file(state.join("postpone")).unwrap();
+        let out = tokio::task::spawn_blocking(move || cut.wait_with_output().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cutover: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["cut_over"], true, "{r}");
+        assert!(
+            r["gates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|g| g["ok"] == true),
+            "{r}"
+        );
+        assert_eq!(status(&env, plan_s, state_s)["phase"], "cut_over");
+
+        // The application has switched: no more writes to the source.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let out = env.rekey(&["finish", plan_s, "--state-dir", state_s, "--json"]);
+        assert!(out.status.success(), "finish: {}", stderr(&out));
+        let exit = tokio::task::spawn_blocking(move || run.wait().unwrap())
+            .await
+            .unwrap();
+        assert!(exit.success(), "run stops cleanly after finish");
+        assert_eq!(status(&env, plan_s, state_s)["phase"], "finished");
+    };
+    let (ops, ()) = tokio::join!(app, operator);
+    eprintln!("application wrote {ops} changes during the migration");
+
+    // Independent comparison: target == transform(source), exactly.
+    let expected = expected_target(&plan, &env.scan_all(&source).await);
+    let actual = env.table_map(&target, &["PK", "SK"]).await;
+    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
+    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
+    let stale = expected
+        .iter()
+        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
+        .count();
+    assert_eq!(
+        (missing, extra, stale),
+        (0, 0, 0),
+        "target == transform(source)"
+    );
+}
