@@ -1,4 +1,5 @@
-//! The backfill's claim index: which source item owns each target key.
+//! The claim index: which source item owns each target key. The backfill
+//! claims before writing; verify records the keys it expects the same way.
 //!
 //! Two source items that the plan maps to one target key would overwrite each
 //! other in the target. The backfill claims every target key before writing
@@ -102,6 +103,31 @@ impl Claims {
         Ok(out)
     }
 
+    /// The source key that owns `target`, if any.
+    pub fn owner(&self, target: &[u8]) -> Result<Option<Vec<u8>>, ClaimsError> {
+        let tx = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = match tx.open_table(CLAIMS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.err(e)),
+        };
+        let digest = Md5::digest(target);
+        Ok(table
+            .get(&digest[..])
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value().to_vec()))
+    }
+
+    /// Forget every claim (a verify that starts over).
+    pub fn clear(&self) -> Result<(), ClaimsError> {
+        let tx = self.db.begin_write().map_err(|e| self.err(e))?;
+        match tx.delete_table(CLAIMS) {
+            Ok(_) => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        tx.commit().map_err(|e| self.err(e))
+    }
+
     /// How many target keys are claimed.
     pub fn count(&self) -> Result<u64, ClaimsError> {
         use redb::ReadableTableMetadata;
@@ -137,6 +163,11 @@ mod tests {
             vec![Some(b"s1".to_vec())]
         );
         assert_eq!(c.count().unwrap(), 2);
+        assert_eq!(c.owner(b"t2").unwrap(), Some(b"s2".to_vec()));
+        assert_eq!(c.owner(b"t9").unwrap(), None);
+        c.clear().unwrap();
+        assert_eq!(c.count().unwrap(), 0);
+        assert_eq!(c.claim_all(&[pair("t1", "s3")]).unwrap(), vec![None]);
     }
 
     #[test]

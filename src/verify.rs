@@ -8,8 +8,9 @@
 //! * Backward (orphans): a Scan of the target; each item must map back to a
 //!   source item. With `source_key_prefix` the target item names its source: read
 //!   it, transform it, and its target key must be this item's. Without it, the
-//!   forward pass recorded every expected target key in the verify store (on
-//!   disk, sorted, bounded memory); a target key not in that set is a candidate.
+//!   forward pass claimed every expected target key in an on-disk index
+//!   (`<state dir>/verify/expected.redb`, [`crate::claims`]: flat memory); a
+//!   target key not in it is a candidate.
 //!
 //! While the tail runs, source and target legitimately differ for a moment, so
 //! a difference found at time T1 is only a candidate. It counts once it has
@@ -577,7 +578,6 @@ const KEY_COUNTS: &str = "verify/counts";
 pub const KEY_LAST: &str = "verify/last";
 const CAND: &str = "cand/";
 const OCAND: &str = "ocand/";
-const EXP: &str = "exp/";
 const MM: &str = "mm/";
 
 fn seg_key(pass: &str, n: u32) -> String {
@@ -586,6 +586,9 @@ fn seg_key(pass: &str, n: u32) -> String {
 
 struct Ledger {
     store: StateStore,
+    /// The expected target keys (target key → source key), for the orphan
+    /// pass without a source_key_prefix: on redb, flat in memory (claims.rs).
+    expected: crate::claims::Claims,
     counts: Counts,
 }
 
@@ -761,6 +764,7 @@ pub async fn run(
 
     let dir = opts.state_dir.join("verify");
     let store = StateStore::open(&dir, plan)?;
+    let expected = crate::claims::Claims::open(&dir.join("expected.redb"))?;
     // A finished run, --restart, or a different --sample: a new run from scratch.
     let mut meta = store.get::<RunMeta>(KEY_RUN)?;
     let resumed = match &meta {
@@ -772,11 +776,11 @@ pub async fn run(
                 "verify/p2/",
                 CAND,
                 OCAND,
-                EXP,
                 MM,
             ] {
                 store.remove_prefix(p)?;
             }
+            expected.clear()?;
             store.remove(KEY_COUNTS)?;
             meta = None;
             false
@@ -805,7 +809,11 @@ pub async fn run(
         opts: opts.clone(),
         src: Arc::new(Control::new(src_rate, None)),
         tgt: Arc::new(Control::new(tgt_rate, Some(opts.write_rate))),
-        ledger: Mutex::new(Ledger { store, counts }),
+        ledger: Mutex::new(Ledger {
+            store,
+            expected,
+            counts,
+        }),
         sample: meta.sample,
         track_expected: plan.source_key_prefix.is_none() && meta.sample.is_none(),
         rcu_src: Mutex::new(0.0),
@@ -1066,26 +1074,24 @@ async fn forward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
 
     let mut l = ctx.ledger.lock().await;
     let mut batch = StoreBatch::default();
-    let mut claimed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    for e in puts {
+    // Without the prefix: the first source item to claim a target key owns it.
+    // Claims are durable before the page's checkpoint (claims.rs), so a
+    // redone page re-claims with the same owners.
+    let others: Vec<bool> = if ctx.track_expected {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+            puts.iter().map(|e| (e.tk.clone(), e.sk.clone())).collect();
+        l.expected
+            .claim_all(&pairs)?
+            .into_iter()
+            .map(|o| o.is_some())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for (i, e) in puts.into_iter().enumerate() {
         let target = got.get(&e.tk);
         let collision = if ctx.track_expected {
-            // Without the prefix: the first source item to claim a target key owns it.
-            let exp_key = format!("{EXP}{}", hex(&e.tk));
-            let owner = match claimed.get(&e.tk) {
-                Some(o) => Some(o.clone()),
-                None => l.store.get::<String>(&exp_key)?.map(String::into_bytes),
-            };
-            let mine = hex(&e.sk).into_bytes();
-            match owner {
-                Some(o) if o != mine => true,
-                Some(_) => false,
-                None => {
-                    batch.put(&exp_key, &hex(&e.sk))?;
-                    claimed.insert(e.tk.clone(), mine);
-                    false
-                }
-            }
+            others[i]
         } else {
             target
                 .and_then(|t| kept_source_key(&ctx.plan, t))
@@ -1348,7 +1354,7 @@ async fn backward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
         let tk = encode_key(t, &tn).unwrap_or_default();
         let expected = match maps_back.get(&tk) {
             Some(ok) => *ok,
-            None => l.store.contains(&format!("{EXP}{}", hex(&tk)))?,
+            None => l.expected.owner(&tk)?.is_some(),
         };
         if expected {
             delta.target_matched += 1;
