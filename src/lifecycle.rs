@@ -145,6 +145,29 @@ pub async fn run(
     Ok(report)
 }
 
+/// Verify passes `run` makes while only unconfirmed differences remain.
+const VERIFY_ATTEMPTS: usize = 3;
+
+/// A drain barrier, or exit 3 if the tail does not report it in time.
+async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> anyhow::Result<()> {
+    let drain = barrier::drain(
+        clients,
+        plan,
+        &DrainOptions {
+            state_dir: opts.state_dir.clone(),
+            timeout: opts.drain_timeout,
+        },
+    )
+    .await?;
+    if !drain.complete {
+        anyhow::bail!(GateNotMet(format!(
+            "catch-up: the tail did not apply drain barrier {} within {:.0} s",
+            drain.barrier, drain.waited_seconds
+        )));
+    }
+    Ok(())
+}
+
 /// Backfill, catch-up and verify, each skipped when already complete.
 async fn phases(
     clients: &Clients,
@@ -161,41 +184,39 @@ async fn phases(
 
     // 4. Catch-up: the tail has applied its buffer and everything written until now.
     progress.note("catch-up: waiting for the tail to apply every change captured so far");
-    let drain = barrier::drain(
-        clients,
-        plan,
-        &DrainOptions {
-            state_dir: opts.state_dir.clone(),
-            timeout: opts.drain_timeout,
-        },
-    )
-    .await?;
-    if !drain.complete {
-        anyhow::bail!(GateNotMet(format!(
-            "catch-up: the tail did not apply drain barrier {} within {:.0} s",
-            drain.barrier, drain.waited_seconds
-        )));
-    }
+    drain_or_gate(clients, plan, opts).await?;
 
     // 5. Verify, unless a clean full verify already finished after the backfill.
+    // Differences the re-check could not settle because the tail was behind
+    // (unconfirmed) are worth another pass once it has caught up; confirmed
+    // differences stop the run.
     let previous: Option<serde_json::Value> = status::read(&status::verify_path(&opts.state_dir))?;
     let fresh = previous.as_ref().is_some_and(|v| {
         status::verify_clean(v) && v.get("sample_percent").is_none_or(|p| p.is_null())
     });
-    let verdict = if fresh {
-        previous.unwrap_or_default()
-    } else {
-        progress.note("verify: comparing every source item with the target, and back");
-        let r = verify::run(clients, plan, &opts.verify, progress).await?;
-        serde_json::to_value(&r.result)?
-    };
+    let mut verdict = previous.unwrap_or_default();
+    if !fresh {
+        for attempt in 1..=VERIFY_ATTEMPTS {
+            progress.note("verify: comparing every source item with the target, and back");
+            let r = verify::run(clients, plan, &opts.verify, progress).await?;
+            verdict = serde_json::to_value(&r.result)?;
+            let c = &r.result.counts;
+            let confirmed = c.missing + c.different + c.orphans;
+            let unsettled = c.unconfirmed + c.unconfirmed_orphans;
+            if r.result.clean || confirmed > 0 || attempt == VERIFY_ATTEMPTS {
+                break;
+            }
+            progress.note(&format!(
+                "verify: {unsettled} difference(s) unconfirmed (the tail was behind); catching up and verifying again"
+            ));
+            drain_or_gate(clients, plan, opts).await?;
+        }
+    }
     if !status::verify_clean(&verdict) {
         report.blocked = Some(format!(
-            "verify found differences (see {}); repair with `rekey verify --repair`, then run again",
-            opts.state_dir
-                .join("verify")
-                .join("mismatches.jsonl")
-                .display()
+            "verify found differences ({}; see {}); repair with `rekey verify --repair`, then run again",
+            verdict.get("counts").map(|c| c.to_string()).unwrap_or_default(),
+            opts.state_dir.join("verify").join("mismatches.jsonl").display()
         ));
     }
     report.verify = Some(verdict);

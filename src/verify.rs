@@ -770,14 +770,7 @@ pub async fn run(
     let resumed = match &meta {
         Some(m) if m.phase != Phase::Done && !opts.restart && m.sample == opts.sample => true,
         _ => {
-            for p in [
-                "verify/fwd/",
-                "verify/bwd/",
-                "verify/p2/",
-                CAND,
-                OCAND,
-                MM,
-            ] {
+            for p in ["verify/fwd/", "verify/bwd/", "verify/p2/", CAND, OCAND, MM] {
                 store.remove_prefix(p)?;
             }
             expected.clear()?;

@@ -106,6 +106,8 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
             let s = status(&env, plan_s, state_s);
             if s["phase"] == "ready_for_cutover" {
                 eprintln!("ready after {:?}: {}", started.elapsed(), s["verify"]);
+                let text = env.rekey(&["status", plan_s, "--state-dir", state_s]);
+                eprintln!("rekey status:\n{}", stdout(&text));
                 break;
             }
             if let Some(code) = run.try_wait().unwrap() {
