@@ -63,6 +63,7 @@ pub mod demo;
 pub mod export;
 pub mod hash;
 pub mod iam;
+pub mod inplace;
 pub mod itemfile;
 pub mod local;
 pub mod plan;
