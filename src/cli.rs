@@ -94,6 +94,9 @@ pub enum Command {
     Analyze(AnalyzeArgs),
     /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
     Backfill(BackfillArgs),
+    /// In place only: remove the attributes the plan added, where they still hold
+    /// the plan's value (checkpointed and resumable like backfill). Stop the tail first.
+    Undo(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
     /// Prove the tail has applied every source write made before now: write a

@@ -61,6 +61,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             ProgressMode::Auto
         }
     };
+    let undo = matches!(cli.command, Command::Undo(_));
     match cli.command {
         Command::Check(a) => {
             let plan = Plan::load(&a.plan)?;
@@ -105,7 +106,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(exit::OK)
         }
-        Command::Backfill(a) => {
+        Command::Backfill(a) | Command::Undo(a) => {
             let plan = Plan::load(&a.plan)?;
             let state_dir = a
                 .state
@@ -113,10 +114,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 .clone()
                 .unwrap_or_else(|| state::default_dir(&a.plan));
             let opts = BackfillOptions {
-                rejects: a
-                    .rejects
-                    .clone()
-                    .unwrap_or_else(|| state_dir.join("rejects.jsonl")),
+                rejects: a.rejects.clone().unwrap_or_else(|| {
+                    state_dir.join(if undo {
+                        "undo-rejects.jsonl"
+                    } else {
+                        "rejects.jsonl"
+                    })
+                }),
                 state_dir,
                 segments: a.scan.segments,
                 page_limit: a.scan.page_size,
@@ -127,6 +131,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 max_retries: 10,
                 from_export: a.from_export.clone(),
                 export_files_in_parallel: a.export_parallel,
+                undo,
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
@@ -136,7 +141,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 let t = &report.totals;
                 println!(
-                    "backfill {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+                    "{} {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+                    if undo { "undo" } else { "backfill" },
                     report.source_table,
                     report.target_table,
                     t.scanned,
@@ -191,11 +197,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 print_done(&report)?;
             } else {
                 println!(
-                    "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} rejected; last lag {:.1} s",
+                    "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} in-place updates, {} rejected; last lag {:.1} s",
                     report.records,
                     report.buffered,
                     report.puts,
                     report.deletes,
+                    report.updates,
                     report.rejected,
                     report.last_lag_seconds
                 );

@@ -207,7 +207,8 @@ pub struct Expressions {
 /// The UpdateExpression and ConditionExpression of a write. Every attribute
 /// name goes through a `#` placeholder (names may be reserved words or hold
 /// any character); the item must still exist (`attribute_exists` of its
-/// partition key), and every input must hold the value read.
+/// partition key), every input must hold the value read, and at least one
+/// computed attribute must still differ from what the write sets.
 pub fn expressions(plan: &Plan, w: &UpdateWrite) -> Expressions {
     let mut e = Expressions::default();
     fn name(e: &mut Expressions, a: &str) -> String {
@@ -247,6 +248,24 @@ pub fn expressions(plan: &Plan, w: &UpdateWrite) -> Expressions {
             }
         }
     }
+    // And the write still changes something: an item made right meanwhile
+    // (by the application, or a tail applying an older record) is not written
+    // again, which would only put one more record on the stream.
+    let mut changes: Vec<String> = w
+        .set
+        .iter()
+        .enumerate()
+        .map(|(i, (a, _))| {
+            let n = name(&mut e, a);
+            format!("attribute_not_exists({n}) OR {n} <> :s{i}")
+        })
+        .collect();
+    changes.extend(
+        w.remove
+            .iter()
+            .map(|a| format!("attribute_exists({})", name(&mut e, a))),
+    );
+    conds.push(format!("({})", changes.join(" OR ")));
     e.condition = conds.join(" AND ");
     e
 }
@@ -542,7 +561,8 @@ remove = ["GSI1PK"]
         assert_eq!(e.update, "SET #n0 = :s0, #n1 = :s1");
         assert_eq!(
             e.condition,
-            "attribute_exists(#n2) AND #n2 = :e0 AND #n3 = :e1 AND #n4 = :e2 AND #n5 = :e3 AND attribute_not_exists(#n6)"
+            "attribute_exists(#n2) AND #n2 = :e0 AND #n3 = :e1 AND #n4 = :e2 AND #n5 = :e3 AND attribute_not_exists(#n6) \
+             AND (attribute_not_exists(#n0) OR #n0 <> :s0 OR attribute_not_exists(#n1) OR #n1 <> :s1)"
         );
         assert_eq!(e.names["#n0"], "GSI2PK");
         assert_eq!(e.names["#n2"], "PK");
