@@ -15,6 +15,11 @@
 //! and only after the backfill is complete (ARCHITECTURE.md, "Backfill and
 //! tail converge").
 //!
+//! In place (the plan's target is its source), the same scan, ledger and
+//! checkpoints drive a different write: one conditional UpdateItem of just the
+//! computed attributes per item that needs it ([`crate::inplace`]), and
+//! `rekey undo` runs the same loop backwards under checkpoint keys of its own.
+//!
 //! Invariant: for every page committed, scanned = written + rejected +
 //! skipped, counted once (counters move only with their page's checkpoint,
 //! and the rejects file is truncated back to the committed length on resume).
@@ -742,6 +747,15 @@ async fn process_page_in_place(
     let results: Vec<anyhow::Result<(Applied, Item)>> = stream::iter(items.to_vec())
         .map(|item| async move {
             let decision = direction.decide(plan, &item);
+            if matches!(decision, inplace::Decision::Write(_)) {
+                // Paced per partition key like the re-key's writes: a Scan
+                // returns an item collection's items together.
+                let pk = item
+                    .get(&writer.pk_name)
+                    .map(Value::display_text)
+                    .unwrap_or_default();
+                let _ = writer.per_key.until_key_n_ready(&pk, NonZeroU32::MIN).await;
+            }
             let applied = inplace::apply(
                 &writer.clients,
                 plan,

@@ -32,6 +32,10 @@
 //! * [`analyze`] — the dry run: collisions, rejects, old vs new key load.
 //! * [`backfill`] — the copy: Scan → transform → conditional puts, checkpointed;
 //!   [`control`] pauses it and changes its rates while it runs.
+//! * [`inplace`] — in-place mode (target = source): the conditional
+//!   UpdateItem of just the computed attributes, pinned to the inputs they were
+//!   computed from (pure decision, I/O apply with re-read on conflict), undo,
+//!   and `check_item` for verify.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
