@@ -481,3 +481,78 @@ async fn in_place_backfill_resumes_after_kill_9() {
         ids as usize
     );
 }
+
+/// The conditional write itself: a decision computed from an image the
+/// application has since changed is not applied as computed — rekey re-reads
+/// and writes what the current item needs; an item deleted meanwhile stays
+/// deleted; a write that is no longer needed is not made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_decision_is_recomputed_and_a_deleted_item_stays_deleted() {
+    use rekey::inplace::{Applied, Decision, Direction, apply, plan_update};
+    use rekey::rate::Control;
+    let env = TestEnv::start().await;
+    let table = env.table_name("tasks");
+    create_tasks_table(&env, &table).await;
+    let text = std::fs::read_to_string(repo_path("plans/status-gsi-in-place.toml"))
+        .unwrap()
+        .replace("table = \"tasks\"", &format!("table = \"{table}\""));
+    let plan = Plan::parse(&text, std::path::Path::new("plan.toml")).unwrap();
+    let control = Control::new(None, None);
+    let key = |t: &Item| rekey::value::encode_key(t, &["PK", "SK"]).unwrap();
+
+    // Read as OPEN; the application makes it DONE before rekey writes.
+    let read = task(1, "OPEN");
+    env.put(&table, std::slice::from_ref(&read)).await;
+    let stale = plan_update(&plan, &read);
+    assert!(matches!(stale, Decision::Write(_)));
+    env.put(&table, &[task(1, "DONE")]).await;
+    let r = apply(&env.clients, &plan, &control, Direction::Forward, stale, 3)
+        .await
+        .unwrap();
+    assert!(matches!(r, Applied::Written { .. }), "{r:?}");
+    let now = env.table_map(&table, &["PK", "SK"]).await;
+    let it = &now[&key(&read)];
+    assert_eq!(it["status"], s("DONE"), "the application's write stands");
+    assert!(
+        check_item(&plan, it).is_none(),
+        "computed from DONE: {it:?}"
+    );
+    assert!(matches!(&it["GSI2PK"], Value::S(v) if v.contains("#STATUS#DONE#")));
+
+    // Read, then deleted by the application: not resurrected.
+    let gone = task(2, "OPEN");
+    env.put(&table, std::slice::from_ref(&gone)).await;
+    let d = plan_update(&plan, &gone);
+    env.clients
+        .dynamodb
+        .delete_item()
+        .table_name(&table)
+        .set_key(Some(rekey::aws::to_sdk_item(
+            &["PK", "SK"]
+                .iter()
+                .map(|k| (k.to_string(), gone[*k].clone()))
+                .collect(),
+        )))
+        .send()
+        .await
+        .unwrap();
+    let r = apply(&env.clients, &plan, &control, Direction::Forward, d, 3)
+        .await
+        .unwrap();
+    assert!(matches!(r, Applied::Skipped { .. }), "{r:?}");
+    assert!(
+        !env.table_map(&table, &["PK", "SK"])
+            .await
+            .contains_key(&key(&gone))
+    );
+
+    // Made right by someone else meanwhile: no second write.
+    let third = task(3, "OPEN");
+    env.put(&table, std::slice::from_ref(&third)).await;
+    let d = plan_update(&plan, &third);
+    env.put(&table, &[computed(&plan, &third).unwrap()]).await;
+    let r = apply(&env.clients, &plan, &control, Direction::Forward, d, 3)
+        .await
+        .unwrap();
+    assert!(matches!(r, Applied::Skipped { .. }), "{r:?}");
+}
