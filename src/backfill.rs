@@ -15,6 +15,11 @@
 //! and only after the backfill is complete (ARCHITECTURE.md, "Backfill and
 //! tail converge").
 //!
+//! In place (the plan's target is its source), the same scan, ledger and
+//! checkpoints drive a different write: one conditional UpdateItem of just the
+//! computed attributes per item that needs it ([`crate::inplace`]), and
+//! `rekey undo` runs the same loop backwards under checkpoint keys of its own.
+//!
 //! Invariant: for every page committed, scanned = written + rejected +
 //! skipped, counted once (counters move only with their page's checkpoint,
 //! and the rejects file is truncated back to the committed length on resume).
@@ -37,6 +42,7 @@ use crate::aws::{Clients, from_sdk_item};
 use crate::cli::InputError;
 use crate::control::ControlFile;
 use crate::export::{DataFile, ExportLine, ExportLocation, ExportReader};
+use crate::inplace::{self, Applied, Direction};
 use crate::plan::{Mode, Plan};
 use crate::progress::Progress;
 use crate::rate::{Control, Rate, ThrottleStats};
@@ -68,6 +74,9 @@ pub struct BackfillOptions {
     pub from_export: Option<String>,
     /// Export data files read at once.
     pub export_files_in_parallel: usize,
+    /// In place only: remove what the plan added instead (`rekey undo`), with
+    /// checkpoints of its own.
+    pub undo: bool,
 }
 
 /// Counters committed with each checkpoint.
@@ -117,13 +126,30 @@ pub struct BackfillReport {
     pub rejects_file: String,
 }
 
-const KEY_SEGMENTS: &str = "backfill/segments";
-const KEY_COUNTERS: &str = "backfill/counters";
-const KEY_REJECTS_LEN: &str = "backfill/rejects_len";
-const KEY_PHASE: &str = "backfill/phase";
+/// The checkpoint keys of one job: `backfill/…`, or `undo/…` for the undo of
+/// an in-place plan, so that each resumes on its own.
+#[derive(Debug, Clone, Copy)]
+struct Keys(&'static str);
 
-fn seg_key(n: u32) -> String {
-    format!("backfill/seg/{n:05}")
+impl Keys {
+    fn of(undo: bool) -> Keys {
+        Keys(if undo { "undo" } else { "backfill" })
+    }
+    fn segments(self) -> String {
+        format!("{}/segments", self.0)
+    }
+    fn counters(self) -> String {
+        format!("{}/counters", self.0)
+    }
+    fn rejects_len(self) -> String {
+        format!("{}/rejects_len", self.0)
+    }
+    fn phase(self) -> String {
+        format!("{}/phase", self.0)
+    }
+    fn seg(self, n: u32) -> String {
+        format!("{}/seg/{n:05}", self.0)
+    }
 }
 
 /// Per written item: its index in the page, and why it was refused, if it was.
@@ -214,6 +240,7 @@ impl Writer {
 
 /// Shared state of a run: counters, rejects file, checkpoint commits.
 struct Ledger {
+    keys: Keys,
     store: StateStore,
     claims: Claims,
     totals: Counters,
@@ -238,8 +265,8 @@ impl Ledger {
         self.this_run.add(page);
         self.store.put_batch(&[
             (key, state.clone()),
-            (KEY_COUNTERS, serde_json::to_value(self.totals)?),
-            (KEY_REJECTS_LEN, serde_json::to_value(len)?),
+            (&self.keys.counters(), serde_json::to_value(self.totals)?),
+            (&self.keys.rejects_len(), serde_json::to_value(len)?),
         ])?;
         self.store.flush()?;
         Ok(())
@@ -256,13 +283,21 @@ pub async fn run(
     opts: &BackfillOptions,
     progress: &Progress,
 ) -> anyhow::Result<BackfillReport> {
-    if plan.mode == Mode::InPlace {
+    if opts.undo && plan.mode != Mode::InPlace {
         return Err(InputError(format!(
-            "{}: source and target are the same table; the in-place backfill (UpdateItem of the computed attributes only) is not built yet",
-            plan.path.display()
+            "{}: undo removes what an in-place plan added to its table; this plan re-keys into `{}` (drop that table instead)",
+            plan.path.display(),
+            plan.target_table
         ))
         .into());
     }
+    if opts.undo && opts.from_export.is_some() {
+        return Err(InputError(
+            "undo scans the table itself: an export does not hold what the plan added".into(),
+        )
+        .into());
+    }
+    let keys = Keys::of(opts.undo);
     let started = Instant::now();
     let source = clients.describe_table(&plan.source_table).await?;
     source.check_key(&plan.source_key, "source")?;
@@ -270,11 +305,11 @@ pub async fn run(
     target.check_key(&plan.target_key, "target")?;
 
     let store = StateStore::open(&opts.state_dir, plan)?;
-    let totals: Counters = store.get(KEY_COUNTERS)?.unwrap_or_default();
-    let resumed = store.get::<Phase>(KEY_PHASE)?.is_some();
-    store.put(KEY_PHASE, &Phase::Backfilling)?;
+    let totals: Counters = store.get(&keys.counters())?.unwrap_or_default();
+    let resumed = store.get::<Phase>(&keys.phase())?.is_some();
+    store.put(&keys.phase(), &Phase::Backfilling)?;
     // Lines written for pages that were in flight at a crash are not committed: cut them.
-    let committed_len: u64 = store.get(KEY_REJECTS_LEN)?.unwrap_or(0);
+    let committed_len: u64 = store.get(&keys.rejects_len())?.unwrap_or(0);
     let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
 
     let read_rate = opts
@@ -304,6 +339,7 @@ pub async fn run(
     });
     let claims = Claims::open(&opts.state_dir.join("claims.redb"))?;
     let ledger = Arc::new(Mutex::new(Ledger {
+        keys,
         store,
         claims,
         totals,
@@ -313,7 +349,10 @@ pub async fn run(
     let consumed_rcu = Arc::new(Mutex::new(0.0f64));
     let live_items = Arc::new(AtomicU64::new(totals.scanned));
 
-    progress.start("backfill", Some(source.item_count));
+    progress.start(
+        if opts.undo { "undo" } else { "backfill" },
+        Some(source.item_count),
+    );
     let ticker = {
         let (control, writer, ledger, dir) = (
             control.clone(),
@@ -417,6 +456,7 @@ pub async fn run(
         control: control.clone(),
         live: live_items.clone(),
         consumed_rcu: consumed_rcu.clone(),
+        direction: opts.undo.then_some(Direction::Undo),
     };
     let (result, segments) = match &opts.from_export {
         None => {
@@ -431,10 +471,12 @@ pub async fn run(
     result?;
 
     let mut ledger = ledger.lock().await;
-    ledger.store.put(KEY_PHASE, &Phase::BackfillDone)?;
+    ledger.store.put(&keys.phase(), &Phase::BackfillDone)?;
     ledger.store.flush()?;
-    // From here on the tail may apply what it captured (ARCHITECTURE.md).
-    crate::tail::mark_backfill_done(&opts.state_dir)?;
+    if !opts.undo {
+        // From here on the tail may apply what it captured (ARCHITECTURE.md).
+        crate::tail::mark_backfill_done(&opts.state_dir)?;
+    }
     ledger.rejects.flush_len()?;
     let consumed_wcu = *writer.consumed_wcu.lock().await;
     let consumed_rcu = *consumed_rcu.lock().await;
@@ -478,6 +520,8 @@ struct Drive<'a> {
     control: Arc<Control>,
     live: Arc<AtomicU64>,
     consumed_rcu: Arc<Mutex<f64>>,
+    /// `Some(Undo)` for `rekey undo`; in-place plans otherwise go forward.
+    direction: Option<Direction>,
 }
 
 /// How far one export data file is done.
@@ -495,11 +539,11 @@ impl Drive<'_> {
     /// The segment count is fixed by the first run: resume points belong to it.
     async fn segments(&self, asked: Option<u32>, table_bytes: u64) -> anyhow::Result<u32> {
         let l = self.ledger.lock().await;
-        if let Some(n) = l.store.get::<u32>(KEY_SEGMENTS)? {
+        if let Some(n) = l.store.get::<u32>(&l.keys.segments())? {
             return Ok(n);
         }
         let n = asked.unwrap_or_else(|| scan::default_segments(table_bytes, 4));
-        l.store.put(KEY_SEGMENTS, &n)?;
+        l.store.put(&l.keys.segments(), &n)?;
         l.store.flush()?;
         Ok(n)
     }
@@ -509,7 +553,7 @@ impl Drive<'_> {
         {
             let l = self.ledger.lock().await;
             for n in 0..segments {
-                starts.push(match l.store.get::<SegState>(&seg_key(n))? {
+                starts.push(match l.store.get::<SegState>(&l.keys.seg(n))? {
                     None | Some(SegState::Pending) => SegmentStart::Beginning,
                     Some(SegState::After(k)) => SegmentStart::After(crate::aws::to_sdk_item(&k)),
                     Some(SegState::Done) => SegmentStart::Done,
@@ -529,6 +573,7 @@ impl Drive<'_> {
             self.consumed_rcu.clone(),
             self.live.clone(),
         );
+        let direction = self.direction;
         scan::scan(
             self.clients,
             &scan_opts,
@@ -545,7 +590,7 @@ impl Drive<'_> {
                 async move {
                     *consumed_rcu.lock().await += page.consumed;
                     let (mut counts, rejects) =
-                        process_page(&writer, &ledger, &plan, &page.items).await?;
+                        process_page(&writer, &ledger, &plan, &page.items, direction).await?;
                     counts.scanned += page.unreadable;
                     counts.rejected += page.unreadable;
                     live.fetch_add(counts.scanned, Ordering::Relaxed);
@@ -553,12 +598,9 @@ impl Drive<'_> {
                         Some(k) => SegState::After(start_key_to_item(k)),
                         None => SegState::Done,
                     };
-                    ledger.lock().await.commit(
-                        &seg_key(page.segment),
-                        &serde_json::to_value(&state)?,
-                        &counts,
-                        &rejects,
-                    )
+                    let mut l = ledger.lock().await;
+                    let key = l.keys.seg(page.segment);
+                    l.commit(&key, &serde_json::to_value(&state)?, &counts, &rejects)
                 }
             },
         )
@@ -624,7 +666,7 @@ impl Drive<'_> {
                 }
                 if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
                     let (mut counts, mut rejects) =
-                        process_page(&self.writer, &self.ledger, &self.plan, &page).await?;
+                        process_page(&self.writer, &self.ledger, &self.plan, &page, None).await?;
                     counts.scanned += bad.len() as u64;
                     counts.rejected += bad.len() as u64;
                     rejects.append(&mut bad);
@@ -659,7 +701,12 @@ async fn process_page(
     ledger: &Mutex<Ledger>,
     plan: &Plan,
     items: &[Item],
+    direction: Option<Direction>,
 ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+    if plan.mode == Mode::InPlace {
+        let direction = direction.unwrap_or(Direction::Forward);
+        return process_page_in_place(writer, plan, items, direction).await;
+    }
     let mut c = Counters {
         scanned: items.len() as u64,
         ..Default::default()
@@ -719,6 +766,74 @@ async fn process_page(
             }
         }
     }
+    Ok((c, rejects))
+}
+
+/// In place: one conditional UpdateItem per item that needs one (see
+/// [`crate::inplace`]), `concurrency` at a time. Items already right, unmatched,
+/// or deleted before rekey could write them are skipped.
+async fn process_page_in_place(
+    writer: &Writer,
+    plan: &Plan,
+    items: &[Item],
+    direction: Direction,
+) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+    let mut c = Counters {
+        scanned: items.len() as u64,
+        ..Default::default()
+    };
+    let results: Vec<anyhow::Result<(Applied, Item)>> = stream::iter(items.to_vec())
+        .map(|item| async move {
+            let decision = direction.decide(plan, &item);
+            if matches!(decision, inplace::Decision::Write(_)) {
+                // Paced per partition key like the re-key's writes: a Scan
+                // returns an item collection's items together.
+                let pk = item
+                    .get(&writer.pk_name)
+                    .map(Value::display_text)
+                    .unwrap_or_default();
+                let _ = writer.per_key.until_key_n_ready(&pk, NonZeroU32::MIN).await;
+            }
+            let applied = inplace::apply(
+                &writer.clients,
+                plan,
+                &writer.control,
+                direction,
+                decision,
+                writer.max_retries,
+            )
+            .await?;
+            Ok((applied, item))
+        })
+        .buffer_unordered(writer.concurrency)
+        .collect()
+        .await;
+    let mut rejects = Vec::new();
+    let mut consumed = 0.0;
+    for r in results {
+        match r.context("in-place write failed")? {
+            (Applied::Written { consumed: u }, _) => {
+                c.written += 1;
+                consumed += u;
+            }
+            (Applied::Skipped { consumed: u }, _) => {
+                c.skipped += 1;
+                consumed += u;
+            }
+            (
+                Applied::Rejected {
+                    reason,
+                    consumed: u,
+                },
+                item,
+            ) => {
+                c.rejected += 1;
+                consumed += u;
+                rejects.push((item, reason));
+            }
+        }
+    }
+    *writer.consumed_wcu.lock().await += consumed;
     Ok((c, rejects))
 }
 

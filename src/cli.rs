@@ -107,6 +107,9 @@ pub enum Command {
     /// The whole lifecycle: analyze gate, tail, backfill, catch-up, verify, ready for cutover;
     /// then keeps tailing until `rekey finish`. Resumable in any phase.
     Run(RunArgs),
+    /// In place only: remove the attributes the plan added, where they still hold
+    /// the plan's value (checkpointed and resumable like backfill). Stop the tail first.
+    Undo(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
     /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).

@@ -55,12 +55,19 @@ fn state_dir_of(plan: &std::path::Path, s: &crate::cli::StateArgs) -> std::path:
         .unwrap_or_else(|| state::default_dir(plan))
 }
 
-fn backfill_options(c: &crate::cli::CopyArgs, state_dir: std::path::PathBuf) -> BackfillOptions {
+fn backfill_options(
+    c: &crate::cli::CopyArgs,
+    state_dir: std::path::PathBuf,
+    undo: bool,
+) -> BackfillOptions {
     BackfillOptions {
-        rejects: c
-            .rejects
-            .clone()
-            .unwrap_or_else(|| state_dir.join("rejects.jsonl")),
+        rejects: c.rejects.clone().unwrap_or_else(|| {
+            state_dir.join(if undo {
+                "undo-rejects.jsonl"
+            } else {
+                "rejects.jsonl"
+            })
+        }),
         state_dir,
         segments: c.scan.segments,
         page_limit: c.scan.page_size,
@@ -71,6 +78,7 @@ fn backfill_options(c: &crate::cli::CopyArgs, state_dir: std::path::PathBuf) -> 
         max_retries: 10,
         from_export: c.from_export.clone(),
         export_files_in_parallel: c.export_parallel,
+        undo,
     }
 }
 
@@ -106,6 +114,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             ProgressMode::Auto
         }
     };
+    let undo = matches!(cli.command, Command::Undo(_));
     match cli.command {
         Command::Check(a) => {
             let plan = Plan::load(&a.plan)?;
@@ -150,14 +159,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(exit::OK)
         }
-        Command::Backfill(a) => {
+        Command::Backfill(a) | Command::Undo(a) => {
             let plan = Plan::load(&a.plan)?;
             let state_dir = a
                 .state
                 .state_dir
                 .clone()
                 .unwrap_or_else(|| state::default_dir(&a.plan));
-            let opts = backfill_options(&a.copy, state_dir);
+            let opts = backfill_options(&a.copy, state_dir, undo);
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
@@ -166,7 +175,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             } else {
                 let t = &report.totals;
                 println!(
-                    "backfill {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+                    "{} {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+                    if undo { "undo" } else { "backfill" },
                     report.source_table,
                     report.target_table,
                     t.scanned,
@@ -217,11 +227,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 print_done(&report)?;
             } else {
                 println!(
-                    "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} rejected; last lag {:.1} s",
+                    "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} in-place updates, {} rejected; last lag {:.1} s",
                     report.records,
                     report.buffered,
                     report.puts,
                     report.deletes,
+                    report.updates,
                     report.rejected,
                     report.last_lag_seconds
                 );
@@ -294,7 +305,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let opts = lifecycle::RunOptions {
                 analyze,
                 allow_hot_keys: a.allow_hot_keys,
-                backfill: backfill_options(&a.copy, state_dir.clone()),
+                backfill: backfill_options(&a.copy, state_dir.clone(), false),
                 tail: tail_options(&state_dir, None, None, None),
                 verify: VerifyOptions {
                     state_dir: state_dir.clone(),

@@ -17,6 +17,11 @@
 //! | drain    | PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |                  |                                       |
 //! | cutover  | DescribeTable, PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |   | DescribeTable                         |
 //!
+//!
+//! In place (source = target), backfill, `undo` and tail write with
+//! UpdateItem instead, and read an item back with GetItem after a failed
+//! condition; they need neither BatchWriteItem nor PutItem nor DeleteItem.
+//!
 //! ¹ not with `--export`: the backfill then reads `s3:GetObject` under the
 //!   prefix, and `s3:ListBucket` limited to the prefix (to find the newest
 //!   export). ² PutItem isolates the item at fault when a batch fails
@@ -105,6 +110,8 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         &["src/aws.rs"],
     ),
     used("dynamodb:Scan", ".scan()", &["src/scan.rs"]),
+    used("dynamodb:UpdateItem", ".update_item()", &["src/inplace.rs"]),
+    used("dynamodb:GetItem", ".get_item()", &["src/inplace.rs"]),
     used(
         "dynamodb:BatchWriteItem",
         ".batch_write_item()",
@@ -175,7 +182,10 @@ struct Needs {
     export: bool,
 }
 
-fn needs(commands: &[PolicyCommand], export: bool) -> Needs {
+/// `in_place`: the plan sets attributes on its own table, with conditional
+/// UpdateItem (and a consistent GetItem after a failed condition) instead of
+/// puts and deletes; `rekey undo` needs what the backfill needs.
+fn needs(commands: &[PolicyCommand], export: bool, in_place: bool) -> Needs {
     use PolicyCommand::*;
     let mut n = Needs::default();
     for c in commands {
@@ -188,11 +198,19 @@ fn needs(commands: &[PolicyCommand], export: bool) -> Needs {
                 } else {
                     n.source.insert("dynamodb:Scan");
                 }
-                n.target.extend([
-                    "dynamodb:DescribeTable",
-                    "dynamodb:BatchWriteItem",
-                    "dynamodb:PutItem",
-                ]);
+                if in_place {
+                    n.target.extend([
+                        "dynamodb:DescribeTable",
+                        "dynamodb:UpdateItem",
+                        "dynamodb:GetItem",
+                    ]);
+                } else {
+                    n.target.extend([
+                        "dynamodb:DescribeTable",
+                        "dynamodb:BatchWriteItem",
+                        "dynamodb:PutItem",
+                    ]);
+                }
             }
             Tail => {
                 n.source.insert("dynamodb:DescribeTable");
@@ -201,7 +219,11 @@ fn needs(commands: &[PolicyCommand], export: bool) -> Needs {
                     "dynamodb:GetShardIterator",
                     "dynamodb:GetRecords",
                 ]);
-                n.target.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
+                if in_place {
+                    n.target.extend(["dynamodb:UpdateItem", "dynamodb:GetItem"]);
+                } else {
+                    n.target.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
+                }
             }
             Verify => {
                 n.source
@@ -268,7 +290,11 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
     } else {
         &opts.commands
     };
-    let mut n = needs(commands, opts.export.is_some());
+    let mut n = needs(
+        commands,
+        opts.export.is_some(),
+        plan.mode == crate::plan::Mode::InPlace,
+    );
     let source = table_arn(opts, &plan.source_table);
     let target = table_arn(opts, &plan.target_table);
     let mut statements = Vec::new();
@@ -464,15 +490,18 @@ mod tests {
             m[t],
             set(&[
                 "dynamodb:BatchGetItem",
-                "dynamodb:BatchWriteItem",
-                "dynamodb:DeleteItem",
                 "dynamodb:DescribeTable",
-                "dynamodb:PutItem",
-                "dynamodb:Scan"
+                "dynamodb:GetItem",
+                "dynamodb:Scan",
+                "dynamodb:UpdateItem"
             ])
         );
-        // The marker's PutItem/DeleteItem are already granted on the table.
-        assert_eq!(sids, ["SourceAndTargetTable", "SourceStream"]);
+        // In place, backfill and tail only update: no BatchWriteItem, and
+        // PutItem/DeleteItem only for the drain marker, limited to its keys.
+        assert_eq!(
+            sids,
+            ["SourceAndTargetTable", "SourceStream", "DrainBarrierMarker"]
+        );
     }
 
     #[test]
@@ -548,6 +577,7 @@ mod tests {
             "src/tail.rs" => include_str!("tail.rs"),
             "src/barrier.rs" => include_str!("barrier.rs"),
             "src/export.rs" => include_str!("export.rs"),
+            "src/inplace.rs" => include_str!("inplace.rs"),
             other => panic!("no source for {other}: add it to source_of"),
         }
     }

@@ -42,6 +42,10 @@
 //! * [`verify`] — both ways, checkpointed: every source item's transform is
 //!   in the target exactly, every target item maps back to a source item;
 //!   differences re-checked against the tail's progress before they count.
+//! * [`inplace`] — in-place mode (target = source): the conditional
+//!   UpdateItem of just the computed attributes, pinned to the inputs they were
+//!   computed from (pure decision, I/O apply with re-read on conflict), undo,
+//!   and `check_item` for verify.
 //! * [`check`] — plan validation and sample items before/after.
 //! * [`itemfile`], [`rejects`] — DynamoDB JSON files in and out.
 //! * [`progress`] — owns terminal progress output.
@@ -74,6 +78,7 @@ pub mod demo;
 pub mod export;
 pub mod hash;
 pub mod iam;
+pub mod inplace;
 pub mod itemfile;
 pub mod lifecycle;
 pub mod local;

@@ -215,8 +215,14 @@ async fn phases(
     if !status::verify_clean(&verdict) {
         report.blocked = Some(format!(
             "verify found differences ({}; see {}); repair with `rekey verify --repair`, then run again",
-            verdict.get("counts").map(|c| c.to_string()).unwrap_or_default(),
-            opts.state_dir.join("verify").join("mismatches.jsonl").display()
+            verdict
+                .get("counts")
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            opts.state_dir
+                .join("verify")
+                .join("mismatches.jsonl")
+                .display()
         ));
     }
     report.verify = Some(verdict);

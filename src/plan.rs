@@ -293,6 +293,40 @@ impl Plan {
     }
 }
 
+impl Rule {
+    /// Every item attribute the rule reads: the attributes its shapes match
+    /// (which bind the captures) and the `{@attr}` references of its `set`
+    /// templates. In place, a computed attribute is right only while these
+    /// hold the values it was computed from.
+    pub fn reads(&self) -> BTreeSet<&str> {
+        self.matchers
+            .iter()
+            .map(|(a, _)| a.as_str())
+            .chain(
+                self.set
+                    .iter()
+                    .flat_map(|s| s.template.attributes().into_iter().map(|(a, _)| a)),
+            )
+            .collect()
+    }
+}
+
+impl Plan {
+    /// The attributes whose values decide what rule `index` computes for an
+    /// item: what the rule reads, and the attributes the shapes of every
+    /// earlier rule match (a change there could make an earlier rule apply).
+    pub fn inputs(&self, index: usize) -> BTreeSet<&str> {
+        let mut out: BTreeSet<&str> = self.rules[..index]
+            .iter()
+            .flat_map(|r| r.matchers.iter().map(|(a, _)| a.as_str()))
+            .collect();
+        if let Some(r) = self.rules.get(index) {
+            out.extend(r.reads());
+        }
+        out
+    }
+}
+
 /// FNV-1a 64 of the plan re-serialised from its parsed form, so comments and
 /// whitespace don't change it.
 fn fingerprint(src: &str) -> String {
@@ -707,6 +741,29 @@ impl Cx<'_> {
                     );
                 }
             }
+            if mode == Mode::InPlace {
+                // A rule that writes what it reads would change its own input
+                // with every write: the tail would follow its own writes forever.
+                let reads: BTreeSet<&str> = matchers
+                    .iter()
+                    .map(|(a, _)| a.as_str())
+                    .chain(
+                        set.iter()
+                            .flat_map(|s| s.template.attributes().into_iter().map(|(a, _)| a)),
+                    )
+                    .collect();
+                for s in &set {
+                    if reads.contains(s.name.as_str()) {
+                        let at = r.set.get(&s.name).map_or(span.start, |v| v.span().start);
+                        self.error(at, format!("rule `{name}` sets `{}`, which it also reads: in place, every write would change its own input", s.name));
+                    }
+                }
+                for s in &r.remove {
+                    if reads.contains(s.get_ref().as_str()) {
+                        self.error(s.span().start, format!("rule `{name}` removes `{}`, which it also reads: in place, the rule could never apply again", s.get_ref()));
+                    }
+                }
+            }
             if mode == Mode::InPlace && set.is_empty() && remove.is_empty() && r.set.is_empty() {
                 self.error(
                     span.start,
@@ -982,6 +1039,83 @@ set = { GSI1PK = "TENANT#{tenant}#STATUS#{@status}", n = { template = "{shard(or
             .replace("source_key_prefix = \"old_\"\n", "");
         let p = parse(&ok).unwrap();
         assert_eq!(p.mode, Mode::InPlace);
+    }
+
+    const IN_PLACE: &str = r#"
+[source]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[target]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[[rule]]
+name = "note"
+match = { PK = "NOTE#{id}", kind = "N#{k}" }
+set = { X = "{k}" }
+[[rule]]
+name = "task"
+match = { PK = "TENANT#{tenant}", SK = "TASK#{task_id}" }
+set = { GSI2PK = "TENANT#{tenant}#STATUS#{@status}#{shard(\"{@owner}\", 4)}", GSI2SK = "{bucket(@created_at, week)}#{task_id}" }
+"#;
+
+    #[test]
+    fn a_rule_reads_its_shapes_and_its_template_attributes() {
+        let p = parse(IN_PLACE).unwrap();
+        assert_eq!(p.mode, Mode::InPlace);
+        let task = &p.rules[1];
+        assert_eq!(
+            task.reads().into_iter().collect::<Vec<_>>(),
+            vec!["PK", "SK", "created_at", "owner", "status"]
+        );
+        // Inputs add what earlier rules match: `kind` could make rule `note` apply.
+        assert_eq!(
+            p.inputs(1).into_iter().collect::<Vec<_>>(),
+            vec!["PK", "SK", "created_at", "kind", "owner", "status"]
+        );
+        assert_eq!(
+            p.inputs(0).into_iter().collect::<Vec<_>>(),
+            vec!["PK", "kind"]
+        );
+    }
+
+    #[test]
+    fn in_place_a_rule_may_not_write_what_it_reads() {
+        let errs = errors(&IN_PLACE.replace("set = { X = \"{k}\" }", "set = { kind = \"{k}\" }"));
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("sets `kind`, which it also reads")),
+            "{errs:?}"
+        );
+        let errs = errors(&IN_PLACE.replace(
+            "set = { X = \"{k}\" }",
+            "set = { X = \"{k}\" }\nremove = [\"kind\"]",
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("removes `kind`, which it also reads")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn the_status_gsi_example_plan_is_in_place_and_refuses_key_changes() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("plans/status-gsi-in-place.toml");
+        let p = Plan::load(&path).unwrap();
+        assert_eq!(p.mode, Mode::InPlace);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let bad = text.replace(
+            "[[rule]]\nname = \"task\"\n",
+            "[[rule]]\nname = \"task\"\nkey = { PK = \"X#{tenant}\", SK = \"{task_id}\" }\n",
+        );
+        assert_ne!(bad, text);
+        let errs = errors(&bad);
+        assert!(
+            errs.iter().any(|e| e.contains("changes the primary key")
+                && e.contains("re-key into a new table instead")),
+            "{errs:?}"
+        );
     }
 
     #[test]

@@ -33,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::aws::{AwsError, Clients, to_sdk_item};
 use crate::barrier::{BarrierState, marker_id};
-use crate::plan::{Plan, TtlDeletes};
+use crate::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
+use crate::plan::{Mode, Plan, TtlDeletes};
 use crate::progress::Progress;
 use crate::rate::Control;
 use crate::rejects::RejectsFile;
@@ -80,13 +81,22 @@ pub enum ChangeKind {
 pub enum Action {
     Put(Item),
     Delete(Item),
-    Reject { item: Item, reason: String },
+    /// In place: a conditional UpdateItem of the computed attributes (see
+    /// [`crate::inplace`]).
+    Update(UpdateWrite),
+    Reject {
+        item: Item,
+        reason: String,
+    },
 }
 
 /// The target writes for a change, in order. A MODIFY whose new image maps to a
 /// different target key than the old one deletes the old key first, so no item
 /// is left behind under a key it no longer has.
 pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
+    if plan.mode == Mode::InPlace {
+        return in_place_actions(plan, change);
+    }
     let key_of = |item: &Item| -> Item {
         plan.target_key
             .names()
@@ -139,6 +149,29 @@ pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
     out
 }
 
+/// In place: INSERT and MODIFY recompute the computed attributes of the new
+/// image; REMOVE needs nothing (the item and its attributes are gone). A new
+/// image whose computed attributes already hold what the plan gives — which is
+/// what rekey's own writes leave, backfill's and the tail's — needs no write:
+/// that is why the tail reading its own writes from the stream never loops.
+pub fn in_place_actions(plan: &Plan, change: &Change) -> Vec<Action> {
+    let Some(new) = change
+        .new
+        .as_ref()
+        .filter(|_| change.kind != ChangeKind::Remove)
+    else {
+        return Vec::new();
+    };
+    match plan_update(plan, new) {
+        Decision::Write(w) => vec![Action::Update(w)],
+        Decision::Correct | Decision::Skip => Vec::new(),
+        Decision::Reject(reason) => vec![Action::Reject {
+            item: new.clone(),
+            reason,
+        }],
+    }
+}
+
 /// Shards whose records may be read now: not finished, and whose parent is
 /// finished or unknown (trimmed away). Children after parents is what keeps
 /// per-item order across splits.
@@ -187,6 +220,8 @@ pub struct TailReport {
     pub buffered: u64,
     pub puts: u64,
     pub deletes: u64,
+    /// In place: conditional UpdateItems written.
+    pub updates: u64,
     pub rejected: u64,
     /// Seconds between the last applied record's creation and its application.
     pub last_lag_seconds: f64,
@@ -247,6 +282,9 @@ pub struct TailStatus {
     pub buffered: u64,
     pub puts: u64,
     pub deletes: u64,
+    /// In place: conditional UpdateItems written.
+    #[serde(default)]
+    pub updates: u64,
     pub rejected: u64,
     pub shards: Vec<ShardStatus>,
     pub barriers: BTreeMap<String, BarrierState>,
@@ -622,6 +660,7 @@ impl Tail<'_> {
             let r = r?;
             self.report.puts += r.puts;
             self.report.deletes += r.deletes;
+            self.report.updates += r.updates;
             for (item, reason) in r.rejects {
                 self.rejects.write(&item, &format!("tail: {reason}"))?;
                 self.report.rejected += 1;
@@ -690,6 +729,7 @@ impl Tail<'_> {
             buffered: self.report.buffered,
             puts: self.report.puts,
             deletes: self.report.deletes,
+            updates: self.report.updates,
             rejected: self.report.rejected,
             shards: shards
                 .iter()
@@ -751,6 +791,7 @@ impl Tail<'_> {
 struct LaneResult {
     puts: u64,
     deletes: u64,
+    updates: u64,
     rejects: Vec<(Item, String)>,
     newest: Option<f64>,
 }
@@ -883,6 +924,28 @@ async fn apply_action(
             })
             .await?;
             r.deletes += 1;
+        }
+        Action::Update(w) => {
+            // A failed condition means the application wrote the item after
+            // this record: re-read, decide again (a later record of the lane
+            // will see the same item and find nothing to do).
+            let key = w.key.clone();
+            match inplace::apply(
+                clients,
+                plan,
+                control,
+                Direction::Forward,
+                Decision::Write(w),
+                10,
+            )
+            .await?
+            {
+                Applied::Written { .. } => r.updates += 1,
+                Applied::Skipped { .. } => {}
+                Applied::Rejected { reason, .. } => {
+                    r.rejects.push((key, reason));
+                }
+            }
         }
         Action::Reject { item, reason } => r.rejects.push((item, reason)),
     }
@@ -1023,6 +1086,82 @@ key = { PK = "ST#{@status}#{shard(id, 4)}", SK = "{id}" }
             matches!(a.as_slice(), [Action::Delete(_), Action::Reject { .. }]),
             "{a:?}"
         );
+    }
+
+    const IN_PLACE: &str = r#"
+[source]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[target]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[options]
+unmatched = "skip"
+[[rule]]
+match = { PK = "T#{t}", SK = "TASK#{id}" }
+set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
+"#;
+
+    fn task(status: &str, gsi: Option<&str>) -> Item {
+        let mut i = Item::new();
+        i.insert("PK".into(), Value::S("T#a".into()));
+        i.insert("SK".into(), Value::S("TASK#1".into()));
+        i.insert("status".into(), Value::S(status.into()));
+        if let Some(g) = gsi {
+            i.insert("GSI2PK".into(), Value::S(g.into()));
+        }
+        i
+    }
+
+    #[test]
+    fn in_place_the_tail_updates_wrong_items_and_ignores_its_own_writes() {
+        let p = Plan::parse(IN_PLACE, Path::new("p")).unwrap();
+        // An application insert without the attribute: one conditional update.
+        let a = actions(
+            &p,
+            &change(ChangeKind::Insert, None, Some(task("OPEN", None))),
+        );
+        let [Action::Update(w)] = a.as_slice() else {
+            panic!("{a:?}")
+        };
+        assert_eq!(w.set[0].0, "GSI2PK");
+        assert!(
+            w.expect
+                .contains(&("status".into(), Some(Value::S("OPEN".into()))))
+        );
+        // The MODIFY that update produces: already right, nothing to do.
+        let right = match transform(&p, &task("OPEN", None)) {
+            Outcome::Put { item, .. } => item,
+            o => panic!("{o:?}"),
+        };
+        let own = change(
+            ChangeKind::Modify,
+            Some(task("OPEN", None)),
+            Some(right.clone()),
+        );
+        assert!(actions(&p, &own).is_empty());
+        // The application changes the status: recompute.
+        let mut moved = right.clone();
+        moved.insert("status".into(), Value::S("DONE".into()));
+        let a = actions(
+            &p,
+            &change(ChangeKind::Modify, Some(right.clone()), Some(moved)),
+        );
+        assert!(matches!(a.as_slice(), [Action::Update(_)]), "{a:?}");
+        // Deletes need nothing; neither do unmatched items.
+        assert!(actions(&p, &change(ChangeKind::Remove, Some(right), None)).is_empty());
+        let mut note = task("OPEN", None);
+        note.insert("SK".into(), Value::S("NOTE#1".into()));
+        assert!(actions(&p, &change(ChangeKind::Insert, None, Some(note))).is_empty());
+        // A new image the plan cannot compute is a reject, never a write.
+        let mut bad = task("OPEN", None);
+        bad.remove("status");
+        assert!(matches!(
+            actions(&p, &change(ChangeKind::Insert, None, Some(bad))).as_slice(),
+            [Action::Reject { .. }]
+        ));
     }
 
     #[test]

@@ -375,6 +375,45 @@ pub struct IndexReport {
     pub distribution: Distribution,
     /// Items that would carry no index key (sparse index).
     pub items_without_key: u64,
+    /// Shape problems of the index's partition key (see [`index_warnings`]).
+    pub warnings: Vec<IndexWarning>,
+}
+
+/// What is wrong with an index partition key's distribution: the case of a
+/// GSI added in place to serve "open tasks" and keyed on the status alone.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum IndexWarning {
+    /// Fewer distinct values than [`LOW_CARDINALITY`]: every index write lands
+    /// on at most that many partition-key values.
+    LowCardinality { distinct: u64 },
+    /// One value (the hottest listed) holds more than [`DOMINANT_SHARE`] of the
+    /// items that carry the key.
+    DominantValue { share: f64 },
+}
+
+/// Index partition keys with fewer distinct values are flagged.
+pub const LOW_CARDINALITY: u64 = 10;
+/// An index partition-key value holding more than this share of the index is flagged.
+pub const DOMINANT_SHARE: f64 = 0.5;
+
+/// The warnings for an index's partition-key distribution (pure).
+pub fn index_warnings(d: &Distribution) -> Vec<IndexWarning> {
+    let mut w = Vec::new();
+    if d.cardinality > 0 && d.cardinality < LOW_CARDINALITY {
+        w.push(IndexWarning::LowCardinality {
+            distinct: d.cardinality,
+        });
+    }
+    if let Some(top) = d.hottest_by_items.first()
+        && top.item_share > DOMINANT_SHARE
+        && d.cardinality > 1
+    {
+        w.push(IndexWarning::DominantValue {
+            share: top.item_share,
+        });
+    }
+    w
 }
 
 // ---- the analyzer --------------------------------------------------------------
@@ -533,6 +572,7 @@ impl<'p> Analyzer<'p> {
                 Ok(IndexReport {
                     index: ix.name.clone(),
                     items_without_key: put - d.items,
+                    warnings: index_warnings(&d),
                     distribution: d,
                 })
             })
@@ -741,6 +781,69 @@ key = { PK = "DUP", SK = "SAME" }
             // The five `dup` items carry no index key: a sparse index.
             assert_eq!(ix.items_without_key, 5);
         }
+    }
+
+    #[test]
+    fn in_place_the_new_gsi_key_is_analyzed_and_a_status_only_key_is_flagged() {
+        let text = |gsi: &str| {
+            format!(
+                r#"
+[source]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[target]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[[target.index]]
+name = "GSI2"
+partition_key = "GSI2PK"
+[[rule]]
+match = {{ PK = "T#{{t}}", SK = "TASK#{{id}}" }}
+set = {{ GSI2PK = "{gsi}" }}
+"#
+            )
+        };
+        let run = |gsi: &str| {
+            let plan = Plan::parse(&text(gsi), Path::new("p")).unwrap();
+            let mut a = Analyzer::new(&plan, AnalyzeOptions::default(), None).unwrap();
+            for i in 0..400 {
+                let status = if i % 10 == 0 { "DONE" } else { "OPEN" };
+                a.add(&item(
+                    &format!("T#t{}", i % 8),
+                    &format!("TASK#{i}"),
+                    Some(status),
+                ))
+                .unwrap();
+            }
+            a.finish().unwrap()
+        };
+        // The status alone: two values, one with 90% of the items.
+        let r = run("STATUS#{@status}");
+        assert_eq!(
+            r.collisions.target_keys, 0,
+            "the key does not change in place"
+        );
+        assert_eq!(r.new.cardinality, r.old.cardinality);
+        let ix = &r.indexes[0];
+        assert_eq!(ix.distribution.cardinality, 2);
+        assert_eq!(
+            ix.warnings,
+            vec![
+                IndexWarning::LowCardinality { distinct: 2 },
+                IndexWarning::DominantValue { share: 0.9 }
+            ]
+        );
+        assert!(crate::analyze::render::render(&r).contains("low-cardinality"));
+        // Per tenant, status and 16 buckets: no warning.
+        let r = run("T#{t}#STATUS#{@status}#BUCKET#{shard(id, 16):02}");
+        assert!(r.indexes[0].distribution.cardinality > 100);
+        assert!(
+            r.indexes[0].warnings.is_empty(),
+            "{:?}",
+            r.indexes[0].warnings
+        );
     }
 
     #[test]

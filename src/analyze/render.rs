@@ -95,23 +95,19 @@ pub fn render(r: &Report) -> String {
             ix.index, ix.distribution.attribute, ix.distribution.items, ix.items_without_key
         );
         let d = &ix.distribution;
-        if d.cardinality > 0 && d.cardinality < 10 {
-            let _ = writeln!(
-                w,
-                "  warning: only {} distinct values — a low-cardinality index key concentrates writes",
-                d.cardinality
-            );
-        }
-        if let Some(top) = d.hottest_by_items.first()
-            && top.item_share > 0.5
-            && d.cardinality > 1
-        {
-            let _ = writeln!(
-                w,
-                "  warning: `{}` holds {:.0}% of the index",
-                top.key,
-                top.item_share * 100.0
-            );
+        for warning in &ix.warnings {
+            let _ = match warning {
+                super::IndexWarning::LowCardinality { distinct } => writeln!(
+                    w,
+                    "  warning: only {distinct} distinct values — a low-cardinality index key concentrates writes"
+                ),
+                super::IndexWarning::DominantValue { share } => writeln!(
+                    w,
+                    "  warning: `{}` holds {:.0}% of the index",
+                    d.hottest_by_items.first().map_or("", |h| h.key.as_str()),
+                    share * 100.0
+                ),
+            };
         }
         distribution(w, d);
     }
