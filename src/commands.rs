@@ -274,6 +274,36 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             };
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
+            if plan.mode == crate::plan::Mode::InPlace {
+                let report = crate::inplace::verify::run(&clients, &plan, &opts, &progress).await?;
+                if a.json {
+                    print_done(&report)?;
+                } else {
+                    let c = &report.result.counts;
+                    println!(
+                        "verify in place `{}`: {} scanned = {} matched ({} came right during the verify) + {} different + {} unconfirmed; {}",
+                        report.result.source_table,
+                        c.scanned,
+                        c.matched,
+                        report.resolved,
+                        c.different,
+                        c.unconfirmed,
+                        if report.result.clean {
+                            "clean".to_string()
+                        } else {
+                            format!("DIFFERENCES in {}", report.mismatches_file)
+                        }
+                    );
+                    for n in &report.notes {
+                        println!("note: {n}");
+                    }
+                }
+                return Ok(if report.result.clean {
+                    exit::OK
+                } else {
+                    exit::DIFFERENCES
+                });
+            }
             let report = verify::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_done(&report)?;

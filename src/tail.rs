@@ -288,6 +288,10 @@ pub struct TailStatus {
     pub rejected: u64,
     pub shards: Vec<ShardStatus>,
     pub barriers: BTreeMap<String, BarrierState>,
+    /// The tail exited cleanly (idle, or `rekey finish`): nothing is applied
+    /// any more, and readers treat it as not running rather than behind.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -588,6 +592,12 @@ pub async fn run(
     }
     progress.finish();
     t.rejects.flush_len()?;
+    let path = status_path(&opts.state_dir);
+    if let Some(mut last) = read_status(&path)? {
+        last.stopped = true;
+        last.updated_at = rfc3339(now_secs());
+        crate::status::publish(&path, &last)?;
+    }
     Ok(t.report)
 }
 
@@ -763,6 +773,7 @@ impl Tail<'_> {
                 .iter()
                 .map(|(k, (b, _))| (k.clone(), b.clone()))
                 .collect(),
+            stopped: false,
         };
         self.store.put("tail/status", &status)?;
         let path = status_path(&self.opts.state_dir);

@@ -379,6 +379,9 @@ pub struct TailStatus {
     pub updated_at: DateTime<Utc>,
     #[serde(default, with = "rfc3339_opt")]
     pub applied_through: Option<DateTime<Utc>>,
+    /// A tail that exited cleanly: as good as none running.
+    #[serde(default)]
+    pub stopped: bool,
 }
 
 /// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
@@ -444,6 +447,9 @@ pub async fn wait_for_tail(
         // A half-written file cannot happen (tmp + rename); an unreadable one is a
         // tail of another version: treat it as not keeping up.
         let status: Option<TailStatus> = serde_json::from_str(&text).ok();
+        if status.as_ref().is_some_and(|s| s.stopped) {
+            return TailWait::NoTail;
+        }
         if let Some(s) = &status {
             let age = (Utc::now() - s.updated_at).to_std().unwrap_or_default();
             if age > stale_after {

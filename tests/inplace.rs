@@ -290,6 +290,35 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
         assert_eq!(gsi_count(&env, &table, pk).await, *n, "GSI2PK = {pk}");
     }
 
+    // `rekey verify` on the in-place plan agrees, then finds a computed
+    // attribute gone wrong (the tail is stopped, so nothing would fix it).
+    let verify = |env: &TestEnv| env.rekey(&["verify", plan_s, "--state-dir", state_s, "--json"]);
+    let out = verify(&env);
+    assert!(
+        out.status.success(),
+        "in-place verify clean: {}",
+        stdout(&out)
+    );
+    let r = report(&out);
+    assert_eq!(
+        r["counts"]["scanned"].as_u64(),
+        Some(items.len() as u64),
+        "{r}"
+    );
+    let victim = items
+        .iter()
+        .find(|i| i.contains_key("GSI2PK"))
+        .cloned()
+        .unwrap();
+    let mut broken = victim.clone();
+    broken.insert("GSI2PK".into(), Value::S("WRONG".into()));
+    env.put(&table, &[broken]).await;
+    let out = verify(&env);
+    assert_eq!(out.status.code(), Some(4), "{}", stdout(&out));
+    let r = report(&out);
+    assert_eq!(r["counts"]["different"].as_u64(), Some(1), "{r}");
+    env.put(&table, &[victim]).await;
+
     // Undo, the tail stopped. The application first sets its own GSI2SK on a
     // few tasks: undo must leave those alone, and whatever the application
     // writes during the undo too.
