@@ -415,9 +415,7 @@ mod rfc3339_opt {
     }
 }
 
-pub fn tail_status_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("tail").join("status.json")
-}
+pub use crate::tail::status_path as tail_status_path;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TailWait {
@@ -854,10 +852,7 @@ pub async fn run(
         l.store.flush()?;
         examples
     };
-    write_atomically(
-        &dir.join("result.json"),
-        &serde_json::to_vec_pretty(&finished)?,
-    )?;
+    crate::status::publish(&crate::status::verify_path(&opts.state_dir), &finished)?;
 
     let repair = if opts.repair && counts.differences() > 0 {
         Some(repair(&ctx).await?)
@@ -1556,12 +1551,6 @@ async fn recheck_orphans_all(ctx: &Ctx) -> anyhow::Result<()> {
 }
 
 // ---- output -------------------------------------------------------------------
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
-}
 
 /// The key a mismatch is known by: the source key, or the target key of an orphan.
 fn mismatch_key(plan: &Plan, m: &Mismatch) -> Vec<u8> {
