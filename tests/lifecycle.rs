@@ -242,16 +242,8 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
     eprintln!("application wrote {ops} changes during the migration");
 
     // Independent comparison: target == transform(source), exactly.
-    let expected = expected_target(&plan, &env.scan_all(&source).await);
-    let actual = env.table_map(&target, &["PK", "SK"]).await;
-    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
-    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
-    let stale = expected
-        .iter()
-        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
-        .count();
     assert_eq!(
-        (missing, extra, stale),
+        target_vs_transform(&env, &plan, &source, &target).await,
         (0, 0, 0),
         "target == transform(source)"
     );

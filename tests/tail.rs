@@ -86,17 +86,8 @@ async fn backfill_and_tail_converge_under_live_writes() {
         "changes during the backfill were buffered, then applied"
     );
 
-    let source_now = env.scan_all(&source).await;
-    let expected = expected_target(&plan, &source_now);
-    let actual = env.table_map(&target, &["PK", "SK"]).await;
-    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
-    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
-    let stale = expected
-        .iter()
-        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
-        .count();
     assert_eq!(
-        (missing, extra, stale),
+        target_vs_transform(&env, &plan, &source, &target).await,
         (0, 0, 0),
         "nothing lost, nothing left under an old key or resurrected, nothing stale"
     );
@@ -190,15 +181,11 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
 
-    let expected = expected_target(&plan, &env.scan_all(&source).await);
-    let actual = env.table_map(&target, &["PK", "SK"]).await;
-    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
-    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
-    let stale = expected
-        .iter()
-        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
-        .count();
-    assert_eq!((missing, extra, stale), (0, 0, 0), "converged after kills");
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0),
+        "converged after kills"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,6 +192,26 @@ pub fn expected_target(
 }
 
 /// A cheap reproducible random sequence for kill points and workloads.
+/// (missing, extra, stale): how the target differs from transform(source),
+/// compared independently of rekey's own verify.
+pub async fn target_vs_transform(
+    env: &TestEnv,
+    plan: &rekey::plan::Plan,
+    source: &str,
+    target: &str,
+) -> (usize, usize, usize) {
+    let expected = expected_target(plan, &env.scan_all(source).await);
+    let names = plan.target_key.names();
+    let actual = env.table_map(target, &names).await;
+    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
+    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
+    let stale = expected
+        .iter()
+        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
+        .count();
+    (missing, extra, stale)
+}
+
 pub struct Rng(pub u64);
 impl Rng {
     pub fn from_time() -> Rng {
