@@ -242,20 +242,27 @@ pub fn render(r: &StatusReport) -> String {
         } else {
             String::new()
         };
+        let rates = if b.done {
+            String::new()
+        } else {
+            format!(
+                "; {:.0} RCU/s, {:.0} WCU/s (limit {:.0}), throttles {}{}",
+                b.rcu_per_sec,
+                b.wcu_per_sec,
+                b.write_limit,
+                b.throttles,
+                if b.paused { ", PAUSED" } else { "" }
+            )
+        };
         let _ = writeln!(
             out,
-            "backfill  {}{pct}: scanned {}, written {}, rejected {}, skipped {}, collisions {}; {:.0} RCU/s, {:.0} WCU/s (limit {:.0}), throttles {}{}",
+            "backfill  {}{pct}: scanned {}, written {}, rejected {}, skipped {}, collisions {}{rates}",
             if b.done { "done" } else { "running" },
             b.scanned,
             b.written,
             b.rejected,
             b.skipped,
             b.collisions,
-            b.rcu_per_sec,
-            b.wcu_per_sec,
-            b.write_limit,
-            b.throttles,
-            if b.paused { ", PAUSED" } else { "" }
         );
     }
     match &r.tail {
