@@ -1,11 +1,15 @@
 """Helpers for the benchmark scripts (DynamoDB Local through boto3).
 
     ddb.py create TABLE...             PK/SK string keys, on-demand
+    ddb.py create --stream TABLE...    the same, with a NEW_AND_OLD_IMAGES stream
+    ddb.py stream TABLE                enables a NEW_AND_OLD_IMAGES stream on TABLE (UpdateTable)
     ddb.py load TABLE N [THREADS]      N generated items (gen_items.py), batch_writer per thread
     ddb.py count TABLE                 items in TABLE (Scan, Select=COUNT)
     ddb.py itemcount TABLE             DescribeTable's ItemCount (live in DynamoDB Local, unlike
                                        AWS; a Scan of 1M items in DynamoDB Local times out)
     ddb.py same TABLE_A TABLE_B        whether both tables hold exactly the same items
+    ddb.py rekeyed SOURCE TARGET       whether TARGET holds exactly SOURCE's items under the
+                                       tenant-day-shard key change (reference_copier.rekey)
     ddb.py windows PROGRESS BUDGET [WINDOW_S]
                                        consumed WCU/s per window from progress.jsonl vs BUDGET
 
@@ -28,7 +32,10 @@ def resource():
     return boto3.session.Session().resource("dynamodb", endpoint_url=os.environ.get("AWS_ENDPOINT_URL"))
 
 
-def create(tables):
+STREAM = {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}
+
+
+def create(tables, stream=False):
     ddb = resource()
     for name in tables:
         t = ddb.create_table(
@@ -39,8 +46,15 @@ def create(tables):
                 {"AttributeName": "SK", "AttributeType": "S"},
             ],
             BillingMode="PAY_PER_REQUEST",
+            **({"StreamSpecification": STREAM} if stream else {}),
         )
         t.wait_until_exists()
+
+
+def enable_stream(table):
+    client = resource().meta.client
+    client.update_table(TableName=table, StreamSpecification=STREAM)
+    client.get_waiter("table_exists").wait(TableName=table)
 
 
 def load(table, n, threads):
@@ -86,6 +100,22 @@ def same(a, b):
     return len(ia), len(ib), diff
 
 
+def rekeyed(source, target):
+    from reference_copier import rekey
+
+    def items(t):
+        return {(i["PK"], i["SK"]): i for p in scan_all(t) for i in p["Items"]}
+
+    expected = {}
+    for it in items(source).values():
+        new = rekey(it)
+        if new is not None:
+            expected[(new["PK"], new["SK"])] = new
+    got = items(target)
+    diff = sum(1 for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    return len(expected), len(got), diff
+
+
 def windows(path, budget, window):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     if len(rows) < 2:
@@ -119,7 +149,9 @@ def windows(path, budget, window):
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "create":
-        create(args)
+        create([a for a in args if a != "--stream"], stream="--stream" in args)
+    elif cmd == "stream":
+        enable_stream(args[0])
     elif cmd == "load":
         load(args[0], int(args[1]), int(args[2]) if len(args) > 2 else 4)
     elif cmd == "count":
@@ -129,6 +161,12 @@ if __name__ == "__main__":
     elif cmd == "same":
         na, nb, diff = same(args[0], args[1])
         print(f"{args[0]}: {na} items, {args[1]}: {nb} items, differing keys: {diff}")
+    elif cmd == "rekeyed":
+        ne, ng, diff = rekeyed(args[0], args[1])
+        verdict = "yes" if diff == 0 else "NO"
+        print(f"{args[1]} == key change of {args[0]}: {verdict} ({ne} expected, {ng} in {args[1]}, differing keys: {diff})")
+        if diff:
+            sys.exit(1)
     elif cmd == "windows":
         windows(args[0], float(args[1]), float(args[2]) if len(args) > 2 else 30.0)
     else:

