@@ -66,6 +66,13 @@ pub async fn run(
     opts: &RunOptions,
     progress: &Progress,
 ) -> anyhow::Result<RunReport> {
+    if plan.mode == crate::plan::Mode::InPlace {
+        anyhow::bail!(crate::cli::InputError(format!(
+            "{}: `rekey run` drives a re-key into a new table; in place, run `rekey tail`, \
+             `rekey backfill` and `rekey verify` (README, \"In place\")",
+            plan.path.display()
+        )));
+    }
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("cannot create {}", opts.state_dir.display()))?;
     let mut report = RunReport {
