@@ -199,3 +199,26 @@ fn bad_arguments_exit_2() {
         stderr(&out)
     );
 }
+
+#[test]
+fn run_refuses_an_in_place_plan_before_touching_aws() {
+    let plan = repo_path("plans/status-gsi-in-place.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out = rekey_with_env(
+        &[
+            "run",
+            plan.to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "--endpoint-url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`rekey run` drives a re-key into a new table"),
+        "{}",
+        stderr(&out)
+    );
+}
