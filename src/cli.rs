@@ -356,6 +356,9 @@ pub struct ControlArgs {
     /// New write ceiling, WCU per second.
     #[arg(long, value_name = "WCU")]
     pub write_rate: Option<f64>,
+    /// Print the control file's new contents as JSON only.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

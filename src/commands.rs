@@ -516,11 +516,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 file.write_rate = a.write_rate;
             }
             file.write(&dir)?;
-            println!(
-                "{}: {}",
-                ControlFile::path(&dir).display(),
-                serde_json::to_string(&file)?
-            );
+            if a.json {
+                print_json(&file)?;
+            } else {
+                println!(
+                    "{}: {}",
+                    ControlFile::path(&dir).display(),
+                    serde_json::to_string(&file)?
+                );
+            }
             Ok(exit::OK)
         }
         Command::Demo(a) => {

@@ -222,3 +222,31 @@ fn run_refuses_an_in_place_plan_before_touching_aws() {
         stderr(&out)
     );
 }
+
+#[test]
+fn control_writes_the_control_file_and_says_so_in_json() {
+    let plan = repo_path("plans/tenant-day-shard.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "control",
+            plan.to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        rekey_with_env(&a, &[])
+    };
+    let out = args(&["--pause", "--write-rate", "250"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["paused"].clone(), v["write_rate"].clone()),
+        (true.into(), 250.0.into())
+    );
+    let out = args(&["--resume"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["paused"], false);
+    assert_eq!(v["write_rate"], 250.0, "kept from the earlier call");
+}
