@@ -9,7 +9,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rekey::plan::Plan;
 use rekey::value::{Item, Value};
 use support::app::*;
 use support::*;
@@ -27,14 +26,6 @@ fn untouched(n: u64) -> Vec<Item> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() {
-    let env = TestEnv::start().await;
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.clients
-        .create_table(&source, &source_key(), true)
-        .await
-        .unwrap();
-    env.create_table(&target, &target_key()).await;
     // Skewed: most orders are OPEN, the status the old design would key on.
     let mut seed: Vec<Item> = (0..1200)
         .map(|i| {
@@ -46,11 +37,14 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         })
         .collect();
     seed.extend(untouched(10));
-    env.put(&source, &seed).await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
-    let state = env.dir.path().join("state");
+    let Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    } = Orders::start(seed).await;
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
     let endpoint = env.ddb.endpoint().to_string();
     let run_args = [

@@ -7,30 +7,20 @@ mod support;
 
 use std::time::Duration;
 
-use rekey::plan::Plan;
 use rekey::value::Item;
 use support::app::*;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_and_tail_converge_under_live_writes() {
-    let env = TestEnv::start().await;
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.clients
-        .create_table(&source, &source_key(), true)
-        .await
-        .unwrap();
-    env.create_table(&target, &target_key()).await;
-    let seed: Vec<Item> = (0..1200)
-        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
-        .collect();
-    env.put(&source, &seed).await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
-    let state = env.dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
+    let Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    } = Orders::start(seed(1200)).await;
     let state_s = state.to_str().unwrap();
     let plan_s = plan_path.to_str().unwrap();
 
@@ -95,23 +85,14 @@ async fn backfill_and_tail_converge_under_live_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
-    let env = TestEnv::start().await;
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.clients
-        .create_table(&source, &source_key(), true)
-        .await
-        .unwrap();
-    env.create_table(&target, &target_key()).await;
-    let seed: Vec<Item> = (0..1500)
-        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
-        .collect();
-    env.put(&source, &seed).await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
-    let state = env.dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
+    let Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    } = Orders::start(seed(1500)).await;
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
     let mut rng = Rng::from_time();
     let endpoint = env.ddb.endpoint().to_string();
@@ -190,23 +171,14 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_lag() {
-    let env = TestEnv::start().await;
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.clients
-        .create_table(&source, &source_key(), true)
-        .await
-        .unwrap();
-    env.create_table(&target, &target_key()).await;
-    let seed: Vec<Item> = (0..300)
-        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
-        .collect();
-    env.put(&source, &seed).await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
-    let state = env.dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
+    let Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    } = Orders::start(seed(300)).await;
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
     let drain = ["drain", plan_s, "--state-dir", state_s, "--json"];
 

@@ -8,6 +8,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use rekey::plan::{KeyAttr, KeySchema};
 use rekey::value::{Item, ScalarType};
 
+use std::path::PathBuf;
+
+use rekey::plan::Plan;
+
 use super::{Rng, TestEnv, item};
 
 pub fn source_key() -> KeySchema {
@@ -154,4 +158,49 @@ pub async fn side_writer(
         n += 1;
     }
     n
+}
+
+/// `n` orders, statuses in turn.
+pub fn seed(n: u64) -> Vec<Item> {
+    (0..n)
+        .map(|i| order(i, STATUSES[(i % 3) as usize], i))
+        .collect()
+}
+
+/// A migration's fixtures: a stream-enabled source holding `seed`, an empty
+/// target, the plan between them, and a state directory.
+pub struct Orders {
+    pub env: TestEnv,
+    pub source: String,
+    pub target: String,
+    pub plan: Plan,
+    pub plan_path: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Orders {
+    pub async fn start(seed: Vec<Item>) -> Orders {
+        let env = TestEnv::start().await;
+        let source = env.table_name("src");
+        let target = env.table_name("dst");
+        env.clients
+            .create_table(&source, &source_key(), true)
+            .await
+            .unwrap();
+        env.create_table(&target, &target_key()).await;
+        env.put(&source, &seed).await;
+        let text = plan_text(&source, &target);
+        let plan_path = env.file("plan.toml", &text);
+        let plan = Plan::parse(&text, &plan_path).unwrap();
+        let state = env.dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        Orders {
+            env,
+            source,
+            target,
+            plan,
+            plan_path,
+            state,
+        }
+    }
 }
