@@ -49,6 +49,7 @@ fn print_done<T: serde::Serialize>(report: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--state-dir`, or the plan's default.
 fn state_dir_of(plan: &std::path::Path, s: &crate::cli::StateArgs) -> std::path::PathBuf {
     s.state_dir
         .clone()
@@ -161,11 +162,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Backfill(a) | Command::Undo(a) => {
             let plan = Plan::load(&a.plan)?;
-            let state_dir = a
-                .state
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let state_dir = state_dir_of(&a.plan, &a.state);
             let opts = backfill_options(&a.copy, state_dir, undo);
             let clients = Clients::connect(&cli.aws.options()).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
@@ -209,11 +206,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Tail(a) => {
             let plan = Plan::load(&a.plan)?;
-            let state_dir = a
-                .state
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let state_dir = state_dir_of(&a.plan, &a.state);
             let opts = tail_options(
                 &state_dir,
                 a.rejects.clone(),
@@ -241,11 +234,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Verify(a) => {
             let plan = Plan::load(&a.plan)?;
-            let state_dir = a
-                .state
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let state_dir = state_dir_of(&a.plan, &a.state);
             if let Some(p) = a.sample
                 && !(p > 0.0 && p <= 100.0)
             {
@@ -375,11 +364,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Drain(a) => {
             let plan = Plan::load(&a.plan)?;
-            let state_dir = a
-                .state
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let state_dir = state_dir_of(&a.plan, &a.state);
             if !barrier::tail_has_run(&state_dir) {
                 eprintln!(
                     "note: no tail has published status under {} yet; waiting for one to start",
@@ -497,11 +482,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Control(a) => {
             // The plan must load: controlling a migration of a broken plan is a mistake.
             Plan::load(&a.plan)?;
-            let dir = a
-                .state
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| state::default_dir(&a.plan));
+            let dir = state_dir_of(&a.plan, &a.state);
             let mut file = ControlFile::read(&dir)?;
             if a.pause {
                 file.paused = true;
