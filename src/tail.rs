@@ -268,7 +268,10 @@ const STREAM_DELAY_SECONDS: f64 = 1.0;
 const LANES: usize = 16;
 
 /// What the tail publishes about itself (`<state dir>/tail/status.json`).
+/// Readers take missing fields as their defaults, so a reader and a tail of
+/// neighbouring versions still understand each other.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TailStatus {
     pub pid: u32,
     pub updated_at: String,

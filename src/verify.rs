@@ -372,18 +372,6 @@ fn ms_to_time(ms: i64) -> DateTime<Utc> {
 
 // ---- the tail's status --------------------------------------------------------
 
-/// `<state dir>/tail/status.json`, written by a running tail about once a second.
-#[derive(Debug, Clone, Deserialize)]
-pub struct TailStatus {
-    #[serde(with = "rfc3339")]
-    pub updated_at: DateTime<Utc>,
-    #[serde(default, with = "rfc3339_opt")]
-    pub applied_through: Option<DateTime<Utc>>,
-    /// A tail that exited cleanly: as good as none running.
-    #[serde(default)]
-    pub stopped: bool,
-}
-
 /// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
 mod rfc3339 {
     use chrono::{DateTime, SecondsFormat, Utc};
@@ -398,20 +386,6 @@ mod rfc3339 {
         DateTime::parse_from_rfc3339(&text)
             .map(|t| t.with_timezone(&Utc))
             .map_err(serde::de::Error::custom)
-    }
-}
-
-mod rfc3339_opt {
-    use chrono::{DateTime, Utc};
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
-        match Option::<String>::deserialize(d)? {
-            None => Ok(None),
-            Some(text) => DateTime::parse_from_rfc3339(&text)
-                .map(|t| Some(t.with_timezone(&Utc)))
-                .map_err(serde::de::Error::custom),
-        }
     }
 }
 
@@ -444,12 +418,21 @@ pub async fn wait_for_tail(
         };
         // A half-written file cannot happen (tmp + rename); an unreadable one is a
         // tail of another version: treat it as not keeping up.
-        let status: Option<TailStatus> = serde_json::from_str(&text).ok();
+        let status: Option<crate::tail::TailStatus> = serde_json::from_str(&text).ok();
         if status.as_ref().is_some_and(|s| s.stopped) {
             return TailWait::NoTail;
         }
+        let time = |t: &str| {
+            DateTime::parse_from_rfc3339(t)
+                .ok()
+                .map(|t| t.with_timezone(&Utc))
+        };
+        let applied_through = status
+            .as_ref()
+            .and_then(|s| s.applied_through.as_deref().and_then(time));
         if let Some(s) = &status {
-            let age = (Utc::now() - s.updated_at).to_std().unwrap_or_default();
+            let updated = time(&s.updated_at).unwrap_or(DateTime::UNIX_EPOCH);
+            let age = (Utc::now() - updated).to_std().unwrap_or_default();
             if age > stale_after {
                 return TailWait::Behind(format!(
                     "the tail is not running: {} was last updated {:.0} s ago",
@@ -457,14 +440,12 @@ pub async fn wait_for_tail(
                     age.as_secs_f64()
                 ));
             }
-            if s.applied_through.is_some_and(|t| t >= through) {
+            if applied_through.is_some_and(|t| t >= through) {
                 return TailWait::CaughtUp;
             }
         }
         if start.elapsed() >= timeout {
-            let at = status
-                .and_then(|s| s.applied_through)
-                .map_or("nothing yet".to_string(), |t| t.to_rfc3339());
+            let at = applied_through.map_or("nothing yet".to_string(), |t| t.to_rfc3339());
             return TailWait::Behind(format!(
                 "the tail is not keeping up: after {:.0} s it has applied through {at}, the re-check needs {}",
                 timeout.as_secs_f64(),
