@@ -2,9 +2,8 @@
 //!
 //! The policy is built from [`ACTIONS_USED`], the AWS API actions the code
 //! calls, each with the SDK method that calls it and the module it is called
-//! in (a unit test checks that the method really appears there), plus
-//! [`ACTIONS_DESIGNED`], the few that commands not built yet (verify, issue 5)
-//! are designed to call. Nothing else is ever granted.
+//! in (a unit test checks that the method really appears there). Nothing else
+//! is ever granted.
 //!
 //! What each command calls, by table:
 //!
@@ -13,7 +12,7 @@
 //! | analyze  | DescribeTable, Scan          |                                               |                                       |
 //! | backfill | DescribeTable, Scan¹         |                                               | DescribeTable, BatchWriteItem, PutItem² |
 //! | tail     | DescribeTable³               | DescribeStream, GetShardIterator, GetRecords  | PutItem, DeleteItem                   |
-//! | verify   | DescribeTable, BatchGetItem  |                                               | DescribeTable, BatchGetItem, Scan     |
+//! | verify   | DescribeTable, Scan, BatchGetItem | DescribeStream, GetShardIterator, GetRecords⁵ | DescribeTable, BatchGetItem, Scan |
 //! | drain    | PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |                  |                                       |
 //! | cutover  | DescribeTable, PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |   | DescribeTable                         |
 //!
@@ -29,7 +28,8 @@
 //!   `LatestStreamArn`, so `dynamodb:ListStreams` is never called.
 //!   ⁴ the drain barrier: a marker item whose partition key starts with
 //!   `__rekey__#barrier#`, enforced by a `dynamodb:LeadingKeys` condition
-//!   (`ForAllValues:StringLike`, which takes wildcards).
+//!   (`ForAllValues:StringLike`, which takes wildcards). ⁵ without
+//!   `source_key_prefix` only: the orphan pass watches the stream (watch.rs).
 //!
 //! No index ARN is granted: rekey never reads an index, and DynamoDB
 //! maintains a table's indexes on writes without index permissions.
@@ -135,20 +135,21 @@ pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:GetShardIterator",
         ".get_shard_iterator()",
-        &["src/tail.rs"],
+        &["src/tail.rs", "src/watch.rs"],
     ),
-    used("dynamodb:GetRecords", ".get_records()", &["src/tail.rs"]),
+    used(
+        "dynamodb:GetRecords",
+        ".get_records()",
+        &["src/tail.rs", "src/watch.rs"],
+    ),
+    used(
+        "dynamodb:BatchGetItem",
+        ".batch_get_item()",
+        &["src/verify.rs"],
+    ),
     used("s3:GetObject", ".get_object()", &["src/export.rs"]),
     used("s3:ListBucket", ".list_objects_v2()", &["src/export.rs"]),
 ];
-
-/// Actions of commands not built yet, as designed: verify (issue 5) reads
-/// both tables with BatchGetItem. Move an entry to [`ACTIONS_USED`] when the
-/// code calls it.
-pub const ACTIONS_DESIGNED: &[(&str, &str)] = &[(
-    "dynamodb:BatchGetItem",
-    "verify: source and target items compared by key",
-)];
 
 /// The partition-key prefix of the drain barrier's marker items.
 use crate::barrier::MARKER_PREFIX;
@@ -182,11 +183,24 @@ struct Needs {
     export: bool,
 }
 
-/// `in_place`: the plan sets attributes on its own table, with conditional
-/// UpdateItem (and a consistent GetItem after a failed condition) instead of
-/// puts and deletes; `rekey undo` needs what the backfill needs.
-fn needs(commands: &[PolicyCommand], export: bool, in_place: bool) -> Needs {
+/// What of the plan and the options changes the actions needed.
+struct Scope {
+    /// The backfill reads an S3 export instead of scanning.
+    export: bool,
+    /// The plan sets attributes on its own table, with conditional UpdateItem
+    /// (and a consistent GetItem after a failed condition) instead of puts
+    /// and deletes; `rekey undo` needs what the backfill needs.
+    in_place: bool,
+    /// Target items name their source (`source_key_prefix`): verify maps them
+    /// back directly instead of watching the stream.
+    source_key_prefix: bool,
+}
+
+fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
     use PolicyCommand::*;
+    let Scope {
+        export, in_place, ..
+    } = *scope;
     let mut n = Needs::default();
     for c in commands {
         match c {
@@ -226,8 +240,18 @@ fn needs(commands: &[PolicyCommand], export: bool, in_place: bool) -> Needs {
                 }
             }
             Verify => {
-                n.source
-                    .extend(["dynamodb:DescribeTable", "dynamodb:BatchGetItem"]);
+                n.source.extend([
+                    "dynamodb:DescribeTable",
+                    "dynamodb:Scan",
+                    "dynamodb:BatchGetItem",
+                ]);
+                if !scope.source_key_prefix {
+                    n.stream.extend([
+                        "dynamodb:DescribeStream",
+                        "dynamodb:GetShardIterator",
+                        "dynamodb:GetRecords",
+                    ]);
+                }
                 n.target.extend([
                     "dynamodb:DescribeTable",
                     "dynamodb:BatchGetItem",
@@ -292,8 +316,11 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
     };
     let mut n = needs(
         commands,
-        opts.export.is_some(),
-        plan.mode == crate::plan::Mode::InPlace,
+        &Scope {
+            export: opts.export.is_some(),
+            in_place: plan.mode == crate::plan::Mode::InPlace,
+            source_key_prefix: plan.source_key_prefix.is_some(),
+        },
     );
     let source = table_arn(opts, &plan.source_table);
     let target = table_arn(opts, &plan.target_table);
@@ -578,6 +605,8 @@ mod tests {
             "src/barrier.rs" => include_str!("barrier.rs"),
             "src/export.rs" => include_str!("export.rs"),
             "src/inplace.rs" => include_str!("inplace.rs"),
+            "src/watch.rs" => include_str!("watch.rs"),
+            "src/verify.rs" => include_str!("verify.rs"),
             other => panic!("no source for {other}: add it to source_of"),
         }
     }
@@ -598,16 +627,8 @@ mod tests {
 
     #[test]
     fn no_policy_grants_an_action_the_code_does_not_call() {
-        let known: BTreeSet<&str> = ACTIONS_USED
-            .iter()
-            .map(|a| a.action)
-            .chain(ACTIONS_DESIGNED.iter().map(|(a, _)| *a))
-            .collect();
-        assert_eq!(
-            known.len(),
-            ACTIONS_USED.len() + ACTIONS_DESIGNED.len(),
-            "an action is listed twice"
-        );
+        let known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();
+        assert_eq!(known.len(), ACTIONS_USED.len(), "an action is listed twice");
         let all = [
             PolicyCommand::Analyze,
             PolicyCommand::Backfill,

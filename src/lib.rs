@@ -21,6 +21,8 @@
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
 //! * [`tail`] — DynamoDB Streams into the target, per-item order across shard
 //!   lineage, buffered until the backfill is complete; publishes its lag.
+//! * [`watch`] — a short-lived second stream reader: which target keys source
+//!   writes mapped to during verify's orphan pass.
 //! * [`barrier`] — the drain barrier: a marker written to the source that
 //!   proves the tail has applied everything before it.
 //! * [`status`] — the JSON snapshots each driver publishes in the state
@@ -98,4 +100,5 @@ pub mod template;
 pub mod transform;
 pub mod value;
 pub mod verify;
+pub mod watch;
 pub mod write;

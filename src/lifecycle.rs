@@ -131,16 +131,27 @@ pub async fn run(
             tail::run(&clients, &plan, &topts, &quiet).await
         })
     };
-    let result = phases(clients, plan, opts, progress, &mut report).await;
+    let mut tail_task = tail_task;
+    let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.context("the tail stopped")),
+        Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
+    };
+    // Every phase after capture depends on the tail: if it stops (a trimmed
+    // stream, a lost permission), say so now rather than time out later.
+    let result = tokio::select! {
+        r = phases(clients, plan, opts, progress, &mut report) => r,
+        r = &mut tail_task => match tail_ended(r) {
+            Ok(()) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
+            Err(e) => Err(e),
+        },
+    };
     let result = match result {
         Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
             progress.note(
                 "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)",
             );
-            match tail_task.await {
-                Ok(r) => r.map(|_| ()),
-                Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
-            }
+            tail_ended(tail_task.await)
         }
         other => {
             tail_task.abort();

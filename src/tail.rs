@@ -228,7 +228,7 @@ pub struct TailReport {
     pub shards: usize,
 }
 
-fn streams_item(
+pub(crate) fn streams_item(
     m: &HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
 ) -> Option<Item> {
     use aws_sdk_dynamodbstreams::types::AttributeValue as A;
@@ -262,7 +262,7 @@ const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
 /// read that finds a shard empty at `t` is taken to cover writes before
 /// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
 /// second; the drain barrier does not rely on this.)
-const STREAM_DELAY_SECONDS: f64 = 1.0;
+pub(crate) const STREAM_DELAY_SECONDS: f64 = 1.0;
 
 /// Source items applied at once from one response (see the module docs).
 const LANES: usize = 16;
@@ -319,23 +319,41 @@ pub fn read_status(path: &Path) -> anyhow::Result<Option<TailStatus>> {
 
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
 #[derive(Debug, Clone, Default)]
-struct ShardProgress {
+pub(crate) struct ShardProgress {
     /// Creation time of the newest record applied (or buffered).
-    record_at: Option<f64>,
+    pub(crate) record_at: Option<f64>,
     /// Start of the last read that found nothing new: the shard was drained then.
-    empty_read_at: Option<f64>,
+    pub(crate) empty_read_at: Option<f64>,
+}
+
+/// What the tail knew of the stream's shards when it last described it.
+pub(crate) struct Lineage<'a> {
+    /// Shards being read: not finished, parents finished.
+    pub(crate) open: &'a [&'a str],
+    /// Listed shards not read yet because a parent is still open. Their
+    /// records can be older than an open shard's drained time (a child opens
+    /// when its parent closes), so while any waits nothing is claimed.
+    pub(crate) waiting: usize,
+    /// When the describe started: a shard created later is not in the list,
+    /// so no claim may reach past it.
+    pub(crate) described_at: f64,
 }
 
 /// Lag and `applied_through` from the per-shard progress: the pure half of
-/// what the tail publishes.
-fn lag_and_through(
-    open: &[&str],
+/// what the tail publishes. Lag is over the open shards only (a waiting
+/// shard's lag shows in its parent's).
+pub(crate) fn lag_and_through(
+    lineage: &Lineage,
     progress: &HashMap<String, ShardProgress>,
     now: f64,
 ) -> (Option<f64>, f64) {
     let mut lag: Option<f64> = None;
-    let mut through = now - STREAM_DELAY_SECONDS;
-    for id in open {
+    let mut through = if lineage.waiting > 0 {
+        f64::NEG_INFINITY
+    } else {
+        (now - STREAM_DELAY_SECONDS).min(lineage.described_at)
+    };
+    for id in lineage.open {
         let p = progress.get(*id).cloned().unwrap_or_default();
         let drained_at = p.empty_read_at.map(|t| t - STREAM_DELAY_SECONDS);
         let shard_through = match (p.record_at, drained_at) {
@@ -358,18 +376,22 @@ fn lag_and_through(
 
 /// A barrier is complete when every open shard has moved past it: drained by
 /// a read that started after the marker was applied, or applied a record from
-/// a later second than the marker's (creation times are whole seconds).
+/// a later second than the marker's (creation times are whole seconds) — with
+/// no shard waiting on a parent, and the shard list described after the
+/// marker was applied (so no shard created before the marker is missing).
 fn barrier_complete(
     barrier: &BarrierState,
     marker_at: f64,
-    open: &[&str],
+    lineage: &Lineage,
     progress: &HashMap<String, ShardProgress>,
 ) -> bool {
-    open.iter().all(|id| {
-        let p = progress.get(*id).cloned().unwrap_or_default();
-        p.empty_read_at.is_some_and(|t| t >= barrier.observed_at)
-            || p.record_at.is_some_and(|r| r >= marker_at.floor() + 1.0)
-    })
+    lineage.waiting == 0
+        && lineage.described_at >= barrier.observed_at
+        && lineage.open.iter().all(|id| {
+            let p = progress.get(*id).cloned().unwrap_or_default();
+            p.empty_read_at.is_some_and(|t| t >= barrier.observed_at)
+                || p.record_at.is_some_and(|r| r >= marker_at.floor() + 1.0)
+        })
 }
 
 fn rfc3339(secs: f64) -> String {
@@ -449,28 +471,10 @@ pub async fn run(
             t.store.put("tail/buffer_drained", &true)?;
             t.store.flush()?;
         }
-        let shards = describe_shards(clients, &stream).await?;
-        t.report.shards = shards.len();
-        let states: HashMap<String, ShardState> = shards
-            .iter()
-            .map(|s| {
-                Ok((
-                    s.id.clone(),
-                    t.store
-                        .get::<ShardState>(&format!("tail/shard/{}", s.id))?
-                        .unwrap_or_default(),
-                ))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let finished: HashSet<String> = states
-            .iter()
-            .filter(|(_, s)| s.finished)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let ready = ready_shards(&shards, &finished);
+        let turn = t.turn(&stream).await?;
         let mut got_any = false;
-        for shard in &ready {
-            let state = states.get(shard).cloned().unwrap_or_default();
+        for shard in &turn.ready {
+            let state = turn.states.get(shard).cloned().unwrap_or_default();
             if let Some(at) = state.at
                 && now_secs() - at > RETENTION_SECONDS
             {
@@ -549,7 +553,7 @@ pub async fn run(
                 t.apply_all(changes.into_iter().map(|(_, c)| c).collect())
                     .await?;
             } else {
-                let d = depth(&shards, shard);
+                let d = depth(&turn.shards, shard);
                 for (s, change) in &changes {
                     t.store
                         .put(&format!("tail/buf/{d:04}/{shard}/{}", seq_key(s)), change)?;
@@ -580,7 +584,7 @@ pub async fn run(
             t.store.flush()?;
         }
         // Busy: about once a second. Idle: every turn, so the last word is current.
-        t.publish(&shards, &ready, &finished, &states, progress, got_any)?;
+        t.publish(&turn, progress, got_any)?;
         if got_any {
             last_record = Instant::now();
         } else {
@@ -604,7 +608,46 @@ pub async fn run(
     Ok(t.report)
 }
 
+/// The shard list one loop turn works from.
+struct Turn {
+    described_at: f64,
+    shards: Vec<ShardInfo>,
+    states: HashMap<String, ShardState>,
+    finished: HashSet<String>,
+    ready: Vec<String>,
+}
+
 impl Tail<'_> {
+    async fn turn(&mut self, stream: &str) -> anyhow::Result<Turn> {
+        let described_at = now_secs();
+        let shards = describe_shards(self.clients, stream).await?;
+        self.report.shards = shards.len();
+        let states: HashMap<String, ShardState> = shards
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.id.clone(),
+                    self.store
+                        .get::<ShardState>(&format!("tail/shard/{}", s.id))?
+                        .unwrap_or_default(),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let finished: HashSet<String> = states
+            .iter()
+            .filter(|(_, s)| s.finished)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let ready = ready_shards(&shards, &finished);
+        Ok(Turn {
+            described_at,
+            shards,
+            states,
+            finished,
+            ready,
+        })
+    }
+
     fn drained(&self) -> anyhow::Result<bool> {
         Ok(self.store.get::<bool>("tail/buffer_drained")? == Some(true))
     }
@@ -701,15 +744,15 @@ impl Tail<'_> {
 
     /// Lag, applied_through and barriers: into the store and status.json, at
     /// most about once a second.
-    fn publish(
-        &mut self,
-        shards: &[ShardInfo],
-        ready: &[String],
-        finished: &HashSet<String>,
-        states: &HashMap<String, ShardState>,
-        progress: &Progress,
-        busy: bool,
-    ) -> anyhow::Result<()> {
+    fn publish(&mut self, turn: &Turn, progress: &Progress, busy: bool) -> anyhow::Result<()> {
+        let Turn {
+            described_at,
+            shards,
+            states,
+            finished,
+            ready,
+        } = turn;
+        let described_at = *described_at;
         if busy
             && self
                 .published
@@ -721,10 +764,19 @@ impl Tail<'_> {
         let now = now_secs();
         let applying = self.drained()? && self.opts.state_dir.join(BACKFILL_DONE).exists();
         let open: Vec<&str> = ready.iter().map(String::as_str).collect();
-        let (lag, through) = lag_and_through(&open, &self.progress, now);
+        let lineage = Lineage {
+            open: &open,
+            waiting: shards
+                .iter()
+                .filter(|s| !finished.contains(&s.id) && !ready.contains(&s.id))
+                .count(),
+            described_at,
+        };
+        let (lag, through) = lag_and_through(&lineage, &self.progress, now);
         if applying {
             for (id, (b, marker_at)) in self.barriers.iter_mut() {
-                if b.complete_at.is_none() && barrier_complete(b, *marker_at, &open, &self.progress)
+                if b.complete_at.is_none()
+                    && barrier_complete(b, *marker_at, &lineage, &self.progress)
                 {
                     b.complete_at = Some(now);
                     self.store
@@ -757,7 +809,12 @@ impl Tail<'_> {
                     } else {
                         "open"
                     };
-                    let (shard_lag, _) = lag_and_through(&[s.id.as_str()], &self.progress, now);
+                    let one = Lineage {
+                        open: &[s.id.as_str()],
+                        waiting: 0,
+                        described_at,
+                    };
+                    let (shard_lag, _) = lag_and_through(&one, &self.progress, now);
                     ShardStatus {
                         shard_id: s.id.clone(),
                         state: state.into(),
@@ -810,7 +867,7 @@ struct LaneResult {
     newest: Option<f64>,
 }
 
-fn now_secs() -> f64 {
+pub(crate) fn now_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -835,7 +892,10 @@ fn depth(shards: &[ShardInfo], id: &str) -> usize {
     d
 }
 
-async fn describe_shards(clients: &Clients, stream: &str) -> anyhow::Result<Vec<ShardInfo>> {
+pub(crate) async fn describe_shards(
+    clients: &Clients,
+    stream: &str,
+) -> anyhow::Result<Vec<ShardInfo>> {
     let mut shards = Vec::new();
     let mut start: Option<String> = None;
     loop {
@@ -1213,19 +1273,49 @@ set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
             .collect()
     }
 
+    fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
+        Lineage {
+            open,
+            waiting: 0,
+            described_at: 1000.0,
+        }
+    }
+
     #[test]
     fn applied_through_is_held_back_by_the_slowest_shard() {
         // a: drained at 100; b: busy, last applied record from 90.
         let p = progress(&[("a", Some(95.0), Some(100.0)), ("b", Some(90.0), None)]);
-        let (lag, through) = lag_and_through(&["a", "b"], &p, 101.0);
+        let (lag, through) = lag_and_through(&lineage(&["a", "b"]), &p, 101.0);
         assert_eq!(through, 90.0);
         assert_eq!(lag, Some(11.0), "b's last record is 11 s old");
         // Only a: drained, so through is its read time less the stream delay.
-        let (lag, through) = lag_and_through(&["a"], &p, 101.0);
+        let (lag, through) = lag_and_through(&lineage(&["a"]), &p, 101.0);
         assert_eq!((lag, through), (Some(0.0), 100.0 - STREAM_DELAY_SECONDS));
         // A shard never read holds everything back, and its lag is unknown.
-        let (lag, through) = lag_and_through(&["a", "new"], &p, 101.0);
+        let (lag, through) = lag_and_through(&lineage(&["a", "new"]), &p, 101.0);
         assert_eq!((lag, through), (None, f64::NEG_INFINITY));
+    }
+
+    /// Regression: a drained parent let the tail claim "applied through" its
+    /// read time while a child shard, not read yet, held older records.
+    #[test]
+    fn applied_through_claims_nothing_while_a_child_shard_waits_or_past_the_describe() {
+        let p = progress(&[("parent", Some(95.0), Some(100.0))]);
+        let waiting = Lineage {
+            open: &["parent"],
+            waiting: 1,
+            described_at: 1000.0,
+        };
+        let (lag, through) = lag_and_through(&waiting, &p, 101.0);
+        assert_eq!(through, f64::NEG_INFINITY);
+        assert_eq!(lag, Some(0.0), "lag is the open shards' alone");
+        // A shard created after the describe is unknown: no claim past it.
+        let stale = Lineage {
+            open: &["parent"],
+            waiting: 0,
+            described_at: 97.0,
+        };
+        assert_eq!(lag_and_through(&stale, &p, 101.0).1, 97.0);
     }
 
     #[test]
@@ -1241,15 +1331,36 @@ set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
             ("b", None, Some(150.0)),
             ("c", Some(199.0), None),
         ]);
-        assert!(!barrier_complete(&b, marker_at, &["a", "b", "c"], &p));
-        assert!(barrier_complete(&b, marker_at, &["a"], &p));
+        assert!(!barrier_complete(
+            &b,
+            marker_at,
+            &lineage(&["a", "b", "c"]),
+            &p
+        ));
+        assert!(barrier_complete(&b, marker_at, &lineage(&["a"]), &p));
+        // Not while a child shard waits, nor on a shard list older than the marker.
+        let waiting = Lineage {
+            waiting: 1,
+            ..lineage(&["a"])
+        };
+        assert!(!barrier_complete(&b, marker_at, &waiting, &p));
+        let old_list = Lineage {
+            described_at: 199.5,
+            ..lineage(&["a"])
+        };
+        assert!(!barrier_complete(&b, marker_at, &old_list, &p));
         // b drained after it, c applied a record from a later second.
         let p = progress(&[
             ("a", Some(199.0), Some(201.0)),
             ("b", None, Some(200.5)),
             ("c", Some(200.0), None),
         ]);
-        assert!(barrier_complete(&b, marker_at, &["a", "b", "c"], &p));
+        assert!(barrier_complete(
+            &b,
+            marker_at,
+            &lineage(&["a", "b", "c"]),
+            &p
+        ));
     }
 
     #[test]

@@ -564,6 +564,9 @@ pub const KEY_LAST: &str = "verify/last";
 const CAND: &str = "cand/";
 const OCAND: &str = "ocand/";
 const MM: &str = "mm/";
+/// `touched/<target key hex>/<source key hex>` → source key: what the stream
+/// watch saw map to a target key during the orphan pass (watch.rs).
+const TOUCHED: &str = "touched/";
 
 fn seg_key(pass: &str, n: u32) -> String {
     format!("verify/{pass}/{n:05}")
@@ -945,12 +948,19 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
                     Phase::OrphanPass
                 }
             }
+            // Without the prefix the re-check needs the stream watch the pass
+            // started, which does not survive a restart: pass and re-check are
+            // one phase, redone together.
             Phase::OrphanPass => {
                 orphan_pass(ctx, segments).await?;
-                Phase::OrphanRecheck
+                Phase::Done
+            }
+            Phase::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
+                orphan_pass(ctx, segments).await?;
+                Phase::Done
             }
             Phase::OrphanRecheck => {
-                recheck_orphans_all(ctx).await?;
+                recheck_orphans_all(ctx, None).await?;
                 Phase::Done
             }
             Phase::Done => return Ok(()),
@@ -1356,11 +1366,34 @@ async fn backward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
 /// Without the prefix, the orphan re-check is a second pass over the source
 /// that only computes target keys: every candidate some source item maps to
 /// is resolved (the candidate set is sorted on disk; each computed key is
-/// looked up in it).
+/// looked up in it). A stream watch runs from before the pass until the
+/// candidates are settled, to see items that moved while the pass ran.
 async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
     if ctx.ledger.lock().await.counts.pending_orphans == 0 {
         return Ok(());
     }
+    {
+        // A pass cut short by a restart lost its watch: start over.
+        let l = ctx.ledger.lock().await;
+        l.store.remove_prefix("verify/p2/")?;
+        l.store.remove_prefix(TOUCHED)?;
+        l.store.flush()?;
+    }
+    let watcher = crate::watch::Watch::start(&ctx.clients, &ctx.plan)
+        .await?
+        .map(|w| Watcher::spawn(ctx.clone(), w));
+    let result = pass_then_recheck(ctx, segments, watcher.as_ref()).await;
+    if let Some(w) = watcher {
+        w.task.abort();
+    }
+    result
+}
+
+async fn pass_then_recheck(
+    ctx: &Arc<Ctx>,
+    segments: u32,
+    watcher: Option<&Watcher>,
+) -> anyhow::Result<()> {
     let starts = ctx.starts("p2", segments).await?;
     let c = ctx.clone();
     scan::scan(
@@ -1396,18 +1429,109 @@ async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
     )
     .await?;
     // The pass is over: candidates still open were read while the pass ran.
-    let l = ctx.ledger.lock().await;
-    l.store.put("verify/p2_end_ms", &now_ms())?;
-    l.store.flush()?;
-    Ok(())
+    {
+        let l = ctx.ledger.lock().await;
+        l.store.put("verify/p2_end_ms", &now_ms())?;
+        l.store.flush()?;
+    }
+    recheck_orphans_all(ctx, watcher).await
 }
 
-/// Settle orphan candidates. With the prefix: read the target item (gone:
-/// resolved), then its source; a source item that maps to this key resolves it;
-/// otherwise it is confirmed once two rounds agree. Without the prefix (after
-/// the second pass): once the tail has applied everything up to the pass's end,
-/// a candidate still present in the target is an orphan.
-async fn recheck_orphans_all(ctx: &Ctx) -> anyhow::Result<()> {
+/// The stream watch, polled in the background; touches go into the verify
+/// store before `through` moves past them.
+struct Watcher {
+    state: Arc<std::sync::Mutex<WatchState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct WatchState {
+    through: f64,
+    error: Option<String>,
+}
+
+impl Watcher {
+    fn spawn(ctx: Arc<Ctx>, mut watch: crate::watch::Watch) -> Watcher {
+        let state = Arc::new(std::sync::Mutex::new(WatchState {
+            through: f64::NEG_INFINITY,
+            error: None,
+        }));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            let sn = ctx.src_names();
+            loop {
+                let step: anyhow::Result<f64> = async {
+                    let touches = watch.poll().await?;
+                    if !touches.is_empty() {
+                        // Only candidates' keys matter; the rest would only fill the store.
+                        let l = ctx.ledger.lock().await;
+                        let mut b = StoreBatch::default();
+                        for t in &touches {
+                            if l.store
+                                .contains(&format!("{OCAND}{}", hex(&t.target_key)))?
+                            {
+                                let sk = encode_key(&t.source_key, &sn).unwrap_or_default();
+                                b.put(&touch_key(&t.target_key, &sk), &t.source_key)?;
+                            }
+                        }
+                        l.store.apply(b)?;
+                    }
+                    Ok(watch.through())
+                }
+                .await;
+                let stopped = {
+                    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match step {
+                        Ok(t) => s.through = t,
+                        Err(e) => s.error = Some(format!("the stream watch stopped: {e:#}")),
+                    }
+                    s.error.is_some()
+                };
+                if stopped {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Watcher { state, task }
+    }
+
+    /// Wait until the watch has read every write before `t`.
+    async fn wait(&self, t: DateTime<Utc>, timeout: Duration) -> Result<(), String> {
+        let want = t.timestamp_millis() as f64 / 1000.0;
+        let start = Instant::now();
+        loop {
+            {
+                let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(e) = &s.error {
+                    return Err(e.clone());
+                }
+                if s.through >= want {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(format!(
+                    "the stream watch did not reach {} within {:.0} s",
+                    t.to_rfc3339(),
+                    timeout.as_secs_f64()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn touch_key(target_key: &[u8], source_key: &[u8]) -> String {
+    format!("{TOUCHED}{}/{}", hex(target_key), hex(source_key))
+}
+
+/// Settle orphan candidates, round by round after the tail has caught up:
+/// read the target item (gone: resolved), then the source items that could
+/// own it — with the prefix, the one it names; without it, those the stream
+/// watch saw map to this key since before the second pass (none: an orphan,
+/// ARCHITECTURE.md). One that maps to this key resolves it; otherwise it is
+/// confirmed once two rounds read the same sources.
+async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Result<()> {
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
     let prefix = ctx.plan.source_key_prefix.is_some();
     loop {
@@ -1432,7 +1556,7 @@ async fn recheck_orphans_all(ctx: &Ctx) -> anyhow::Result<()> {
             through = through.max(end.map_or_else(Utc::now, ms_to_time) + MARGIN);
         }
         let mut verdicts: Vec<Option<Verdict>> = batch.iter().map(|_| None).collect();
-        let mut prev: Vec<Option<Option<Item>>> = batch.iter().map(|_| None).collect();
+        let mut prev: Vec<Option<Vec<Option<Item>>>> = batch.iter().map(|_| None).collect();
         let mut tail = true;
         for _round in 0..MAX_ROUNDS {
             if verdicts.iter().all(Option::is_some) {
@@ -1460,44 +1584,74 @@ async fn recheck_orphans_all(ctx: &Ctx) -> anyhow::Result<()> {
                 .map(|&i| batch[i].1.target_key.clone().unwrap_or_default())
                 .collect();
             let targets = ctx.get(true, &tkeys, true).await?;
-            let skeys: Vec<Item> = tkeys
-                .iter()
-                .filter_map(|k| kept_source_key(&ctx.plan, targets.get(&encode_key(k, &tn)?)?))
-                .collect();
-            let sources = if prefix {
-                ctx.get(false, &skeys, true).await?
-            } else {
+            let read_at = Utc::now() + MARGIN;
+            // Who could own each target item still present.
+            let mut owners: Vec<Option<Vec<Item>>> = vec![None; live.len()];
+            let mut watch_behind = None;
+            if !prefix
+                && let Some(w) = watcher
+                && let Err(why) = w.wait(read_at, ctx.opts.recheck_timeout).await
+            {
+                ctx.note(why.clone());
+                watch_behind = Some(why);
+            }
+            for (n, k) in tkeys.iter().enumerate() {
+                let Some(t) = encode_key(k, &tn).and_then(|tk| targets.get(&tk)) else {
+                    continue;
+                };
+                owners[n] = if prefix {
+                    Some(kept_source_key(&ctx.plan, t).into_iter().collect())
+                } else if watcher.is_some() {
+                    let tk = encode_key(k, &tn).unwrap_or_default();
+                    let l = ctx.ledger.lock().await;
+                    Some(
+                        l.store
+                            .scan_prefix::<Item>(&format!("{TOUCHED}{}/", hex(&tk)))?
+                            .into_iter()
+                            .map(|(_, sk)| sk)
+                            .collect(),
+                    )
+                } else {
+                    // No stream, so no tail and no live writes: the pass was exact.
+                    Some(Vec::new())
+                };
+            }
+            let skeys: Vec<Item> = owners.iter().flatten().flatten().cloned().collect();
+            let sources = if skeys.is_empty() {
                 HashMap::new()
+            } else {
+                ctx.get(false, &skeys, true).await?
             };
+            // The next round waits for the tail to pass these reads.
             through = Utc::now() + MARGIN;
             for (n, &i) in live.iter().enumerate() {
                 let tk = encode_key(&tkeys[n], &tn).unwrap_or_default();
-                let Some(t) = targets.get(&tk) else {
+                let Some(owners) = &owners[n] else {
                     verdicts[i] = Some(Verdict::Resolved);
                     continue;
                 };
                 let mut m = batch[i].1.clone();
-                if !prefix {
-                    // The second pass found no source item for it, and it is still here.
-                    verdicts[i] = Some(Verdict::Confirmed(m));
+                if let Some(why) = &watch_behind {
+                    verdicts[i] = Some(Verdict::Unconfirmed(m, why.clone()));
                     continue;
                 }
-                let sk = kept_source_key(&ctx.plan, t);
-                let src = sk
-                    .as_ref()
-                    .and_then(|k| encode_key(k, &sn))
-                    .and_then(|k| sources.get(&k).cloned());
-                let maps = src.as_ref().is_some_and(|s| {
+                let srcs: Vec<Option<Item>> = owners
+                    .iter()
+                    .map(|k| encode_key(k, &sn).and_then(|k| sources.get(&k).cloned()))
+                    .collect();
+                let maps = srcs.iter().flatten().any(|s| {
                     matches!(transform(&ctx.plan, s), Outcome::Put { item, .. }
                         if encode_key(&item, &tn).as_ref() == Some(&tk))
                 });
                 if maps {
                     verdicts[i] = Some(Verdict::Resolved);
-                } else if !tail || prev[i].as_ref() == Some(&src) {
-                    m.source_key = sk;
+                } else if owners.is_empty() || !tail || prev[i].as_ref() == Some(&srcs) {
+                    if prefix {
+                        m.source_key = owners.first().cloned();
+                    }
                     verdicts[i] = Some(Verdict::Confirmed(m));
                 } else {
-                    prev[i] = Some(src);
+                    prev[i] = Some(srcs);
                 }
             }
         }

@@ -49,6 +49,7 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
     let endpoint = env.ddb.endpoint().to_string();
     let run_args = [
         "-q",
+        "--show-keys",
         "run",
         plan_s,
         "--state-dir",
@@ -106,9 +107,13 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
             }
             if let Some(code) = run.try_wait().unwrap() {
                 let out = run.wait_with_output().unwrap();
+                let mismatches =
+                    std::fs::read_to_string(state.join("verify").join("mismatches.jsonl"))
+                        .unwrap_or_default();
                 panic!(
-                    "run exited {code:?} before ready: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                    "run exited {code:?} before ready: {}{}\nstatus: {s}\nmismatches:\n{mismatches}",
+                    stdout(&out),
+                    stderr(&out)
                 );
             }
             assert!(

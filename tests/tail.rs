@@ -276,3 +276,33 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
         "no marker in the target"
     );
 }
+
+/// Regression: `rekey run` whose in-process tail could not run (here: the
+/// source has no stream) went on to the catch-up and waited for the drain
+/// barrier until its timeout (exit 3). It now stops with the tail's own error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_with_the_tails_error_when_the_tail_cannot_run() {
+    let env = TestEnv::start().await;
+    let (source, target) = (env.table_name("src"), env.table_name("dst"));
+    env.create_table(&source, &source_key()).await; // no stream
+    env.create_table(&target, &target_key()).await;
+    env.put(&source, &seed(50)).await;
+    let plan = env.file("plan.toml", &plan_text(&source, &target));
+    let state = env.dir.path().join("state");
+    let out = env.rekey(&[
+        "-q",
+        "run",
+        plan.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--skip-analyze",
+        "--drain-timeout",
+        "30",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the tail stopped") && stderr(&out).contains("has no stream"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -514,3 +514,156 @@ async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
         "{text}"
     );
 }
+
+/// The stream watch verify's orphan pass relies on: every write after it
+/// starts, mapped to its target key, and nothing from before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
+    use support::app::{Orders, order, seed};
+    let o = Orders::start(seed(3)).await;
+    let c = &o.env.clients;
+    let mut watch = rekey::watch::Watch::start(c, &o.plan)
+        .await
+        .unwrap()
+        .expect("the source has a stream");
+    let writes = [order(0, "PAID", 10), order(7, "SHIPPED", 11)];
+    o.env.put(&o.source, &writes).await;
+    c.dynamodb
+        .delete_item()
+        .table_name(&o.source)
+        .key("PK", AttributeValue::S("O#1".into()))
+        .send()
+        .await
+        .unwrap();
+    let after = Utc::now().timestamp_millis() as f64 / 1000.0;
+    let mut seen = Vec::new();
+    let started = std::time::Instant::now();
+    while watch.through() < after {
+        seen.extend(watch.poll().await.unwrap());
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the watch did not catch up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tnames = o.plan.target_key.names();
+    let mut expected: Vec<(Vec<u8>, Item)> = writes
+        .iter()
+        .map(|w| {
+            let Outcome::Put { item, .. } = transform(&o.plan, w) else {
+                panic!("{w:?} maps")
+            };
+            let key: Item = [("PK".to_string(), w["PK"].clone())].into();
+            (rekey::value::encode_key(&item, &tnames).unwrap(), key)
+        })
+        .collect();
+    let mut got: Vec<(Vec<u8>, Item)> = seen
+        .into_iter()
+        .map(|t| (t.target_key, t.source_key))
+        .collect();
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got, expected,
+        "the seed's inserts and the delete touch nothing"
+    );
+}
+
+/// Regression (a CI failure of the lifecycle test): an order that moved to
+/// another status after the orphan pass read it, and back, was reported an
+/// orphan — the pass is not a snapshot. Orders here change status all the
+/// time under a running tail; verify must confirm no orphan (and no
+/// difference) that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
+    use support::app::{Orders, STATUSES, seed};
+    let o = Orders::start(seed(300)).await;
+    let (plan, state) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let out = o.env.rekey(&["-q", "backfill", plan, "--state-dir", state]);
+    assert!(out.status.success(), "backfill: {}", stderr(&out));
+    let endpoint = o.env.ddb.endpoint().to_string();
+    let mut tail = spawn_rekey(&["-q", "tail", plan, "--state-dir", state], &endpoint);
+    // Without a tail status verify assumes writes have stopped: wait for one.
+    let status = rekey::tail::status_path(&o.state);
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&status).is_ok_and(|t| t.contains("applied_through\": \"")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the tail never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let flipper = async {
+        let mut rng = Rng::from_time();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let id = rng.below(30);
+            o.env
+                .clients
+                .dynamodb
+                .update_item()
+                .table_name(&o.source)
+                .key("PK", AttributeValue::S(format!("O#{id}")))
+                // v changes with every write: two reads of equal content are
+                // one version (verify's stability test compares content).
+                .update_expression("SET #s = :s, v = :v")
+                .expression_attribute_names("#s", "status")
+                .expression_attribute_values(
+                    ":s",
+                    AttributeValue::S(STATUSES[rng.below(3) as usize].into()),
+                )
+                .expression_attribute_values(":v", AttributeValue::N(n.to_string()))
+                .send()
+                .await
+                .unwrap();
+            n += 1;
+            if n.is_multiple_of(5) {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        }
+        n
+    };
+    let verify = async {
+        let args = [
+            "--show-keys",
+            "verify",
+            plan,
+            "--state-dir",
+            state,
+            "--json",
+            "--page-size",
+            "25",
+            "--recheck-timeout",
+            "60",
+        ];
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let env_endpoint = endpoint.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            spawn_rekey(&args, &env_endpoint)
+                .wait_with_output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    };
+    let (flips, out) = tokio::join!(flipper, verify);
+    tail.kill().unwrap();
+    tail.wait().unwrap();
+    let r = report(&out);
+    let c = counts(&r);
+    eprintln!("{flips} status changes during verify; counts {c}");
+    let mismatches = std::fs::read_to_string(o.state.join("verify").join("mismatches.jsonl"))
+        .unwrap_or_default();
+    for kind in ["orphans", "missing", "different"] {
+        assert_eq!(c[kind], 0, "{kind}: {c}\n{mismatches}");
+    }
+    assert!(
+        c["resolved"].as_u64().unwrap() > 0,
+        "the status changes must have made candidates for the re-check: {c}"
+    );
+}
