@@ -28,8 +28,8 @@
 //!   `LatestStreamArn`, so `dynamodb:ListStreams` is never called.
 //!   ⁴ the drain barrier: a marker item whose partition key starts with
 //!   `__rekey__#barrier#`, enforced by a `dynamodb:LeadingKeys` condition
-//!   (`ForAllValues:StringLike`, which takes wildcards). ⁵ without
-//!   `source_key_prefix` only: the orphan pass watches the stream (watch.rs).
+//!   (`ForAllValues:StringLike`, which takes wildcards). ⁵ the re-checks
+//!   watch the stream for writes made while they run (watch.rs).
 //!
 //! No index ARN is granted: rekey never reads an index, and DynamoDB
 //! maintains a table's indexes on writes without index permissions.
@@ -191,16 +191,11 @@ struct Scope {
     /// (and a consistent GetItem after a failed condition) instead of puts
     /// and deletes; `rekey undo` needs what the backfill needs.
     in_place: bool,
-    /// Target items name their source (`source_key_prefix`): verify maps them
-    /// back directly instead of watching the stream.
-    source_key_prefix: bool,
 }
 
 fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
     use PolicyCommand::*;
-    let Scope {
-        export, in_place, ..
-    } = *scope;
+    let Scope { export, in_place } = *scope;
     let mut n = Needs::default();
     for c in commands {
         match c {
@@ -245,13 +240,11 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                     "dynamodb:Scan",
                     "dynamodb:BatchGetItem",
                 ]);
-                if !scope.source_key_prefix {
-                    n.stream.extend([
-                        "dynamodb:DescribeStream",
-                        "dynamodb:GetShardIterator",
-                        "dynamodb:GetRecords",
-                    ]);
-                }
+                n.stream.extend([
+                    "dynamodb:DescribeStream",
+                    "dynamodb:GetShardIterator",
+                    "dynamodb:GetRecords",
+                ]);
                 n.target.extend([
                     "dynamodb:DescribeTable",
                     "dynamodb:BatchGetItem",
@@ -319,7 +312,6 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
         &Scope {
             export: opts.export.is_some(),
             in_place: plan.mode == crate::plan::Mode::InPlace,
-            source_key_prefix: plan.source_key_prefix.is_some(),
         },
     );
     let source = table_arn(opts, &plan.source_table);

@@ -16,8 +16,9 @@
 //! a difference found at time T1 is only a candidate. It counts once it has
 //! survived a re-check made after the tail has applied every source write up to
 //! T1 + 1 s (the tail publishes `applied_through` in `<state dir>/tail/status.json`),
-//! with a source item that did not change between two consistent reads
-//! (ARCHITECTURE.md, "Verify: no false alarms, no missed drift").
+//! with a source item that was not written between two consistent reads — a
+//! stream watch ([`crate::watch`]) counts the writes, since equal content can
+//! hide A→B→A (ARCHITECTURE.md, "Verify: no false alarms, no missed drift").
 //!
 //! Checkpointed like the backfill: per Scan segment, the resume key, the
 //! counters and the page's candidates are one atomic batch in the verify's own
@@ -567,6 +568,11 @@ const MM: &str = "mm/";
 /// `touched/<target key hex>/<source key hex>` → source key: what the stream
 /// watch saw map to a target key during the orphan pass (watch.rs).
 const TOUCHED: &str = "touched/";
+/// `writes/<source key hex>` → how many writes the stream watch has seen to a
+/// source item that is a forward candidate or owns an orphan candidate.
+const WRITES: &str = "writes/";
+/// `owner/<source key hex>`: the item has mapped to an orphan candidate's key.
+const OWNER: &str = "owner/";
 
 fn seg_key(pass: &str, n: u32) -> String {
     format!("verify/{pass}/{n:05}")
@@ -758,7 +764,17 @@ pub async fn run(
     let resumed = match &meta {
         Some(m) if m.phase != Phase::Done && !opts.restart && m.sample == opts.sample => true,
         _ => {
-            for p in ["verify/fwd/", "verify/bwd/", "verify/p2/", CAND, OCAND, MM] {
+            for p in [
+                "verify/fwd/",
+                "verify/bwd/",
+                "verify/p2/",
+                CAND,
+                OCAND,
+                MM,
+                TOUCHED,
+                WRITES,
+                OWNER,
+            ] {
                 store.remove_prefix(p)?;
             }
             expected.clear()?;
@@ -960,7 +976,8 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
                 Phase::Done
             }
             Phase::OrphanRecheck => {
-                recheck_orphans_all(ctx, None).await?;
+                let watcher = Watcher::start(ctx).await?;
+                recheck_orphans_all(ctx, watcher.as_ref()).await?;
                 Phase::Done
             }
             Phase::Done => return Ok(()),
@@ -1130,7 +1147,11 @@ enum Verdict {
 /// previous read plus a margin, read the target and then the source
 /// (consistently). Equal: transient. Different with a source item unchanged
 /// since the previous round: confirmed. Without a tail, one immediate round.
-async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<Verdict>> {
+async fn recheck_forward(
+    ctx: &Ctx,
+    cands: Vec<Mismatch>,
+    watcher: Option<&Watcher>,
+) -> anyhow::Result<Vec<Verdict>> {
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
     struct Open {
         cand: Mismatch,
@@ -1138,6 +1159,8 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
         tk: Item,
         /// The source item as the previous round read it (None: absent).
         prev: Option<Option<Item>>,
+        /// Writes to the source item the watch had seen before that read.
+        prev_writes: Option<u64>,
         verdict: Option<Verdict>,
     }
     let mut open: Vec<Open> = cands
@@ -1146,6 +1169,7 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
             tk: c.target_key.clone().unwrap_or_default(),
             cand: c,
             prev: None,
+            prev_writes: None,
             verdict: None,
         })
         .collect();
@@ -1181,10 +1205,33 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
             .iter()
             .map(|&i| open[i].cand.source_key.clone().unwrap_or_default())
             .collect();
+        // Between the target read and the source read: the watch's count of
+        // writes to each item, so the next round knows whether any came between.
+        let writes = match watcher {
+            Some(w) => {
+                let encoded: Vec<Vec<u8>> = skeys
+                    .iter()
+                    .map(|k| encode_key(k, &sn).unwrap_or_default())
+                    .collect();
+                match writes_seen(ctx, w, &encoded).await {
+                    Ok(n) => Some(n),
+                    Err(why) => {
+                        ctx.note(why.clone());
+                        for &i in &live {
+                            let o = &mut open[i];
+                            o.verdict = Some(Verdict::Unconfirmed(o.cand.clone(), why.clone()));
+                        }
+                        break;
+                    }
+                }
+            }
+            None => None,
+        };
         let sources = ctx.get(false, &skeys, true).await?;
         through = Utc::now() + MARGIN;
-        for i in live {
+        for (n, i) in live.into_iter().enumerate() {
             let o = &mut open[i];
+            let seen = writes.as_ref().map(|w| w[n]);
             let sk = encode_key(o.cand.source_key.as_ref().unwrap_or(&Item::new()), &sn);
             let src = sk.and_then(|k| sources.get(&k).cloned());
             let expected = match src.as_ref().map(|s| transform(&ctx.plan, s)) {
@@ -1200,6 +1247,7 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
                 // The item moved to another target key: read that one next round.
                 o.tk = new_tk;
                 o.prev = Some(src);
+                o.prev_writes = seen;
                 continue;
             }
             let actual = encode_key(&o.tk, &tn).and_then(|k| targets.get(&k));
@@ -1207,7 +1255,10 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
                 o.verdict = Some(Verdict::Resolved);
                 continue;
             }
-            let stable = !tail || o.prev.as_ref() == Some(&src);
+            // Unchanged since the previous round: the same value, and (with a
+            // watch) no write at all — an A→B→A rewrite reads the same.
+            let stable = !tail
+                || (o.prev.as_ref() == Some(&src) && (seen.is_none() || o.prev_writes == seen));
             if stable {
                 let mut m = o.cand.clone();
                 m.target_key = Some(o.tk.clone());
@@ -1218,6 +1269,7 @@ async fn recheck_forward(ctx: &Ctx, cands: Vec<Mismatch>) -> anyhow::Result<Vec<
                 o.verdict = Some(Verdict::Confirmed(m));
             } else {
                 o.prev = Some(src);
+                o.prev_writes = seen;
             }
         }
     }
@@ -1241,8 +1293,18 @@ fn unconfirmed(mut m: Mismatch, why: String) -> Mismatch {
     m
 }
 
-/// Settle every forward candidate, a batch at a time, each batch committed.
-async fn recheck_forward_all(ctx: &Ctx) -> anyhow::Result<()> {
+/// Settle every forward candidate, a batch at a time, each batch committed,
+/// under a stream watch that counts writes to the candidates' source items.
+async fn recheck_forward_all(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
+    if ctx.ledger.lock().await.counts.pending == 0 {
+        return Ok(());
+    }
+    ctx.ledger.lock().await.store.remove_prefix(WRITES)?;
+    let watcher = Watcher::start(ctx).await?;
+    settle_forward(ctx, watcher.as_ref()).await
+}
+
+async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Result<()> {
     loop {
         let batch: Vec<(String, Mismatch)> = {
             let l = ctx.ledger.lock().await;
@@ -1255,7 +1317,7 @@ async fn recheck_forward_all(ctx: &Ctx) -> anyhow::Result<()> {
             return Ok(());
         }
         let (keys, cands): (Vec<String>, Vec<Mismatch>) = batch.into_iter().unzip();
-        let verdicts = recheck_forward(ctx, cands).await?;
+        let verdicts = recheck_forward(ctx, cands, watcher).await?;
         let mut delta = Counts::default();
         let mut b = StoreBatch::default();
         for (key, v) in keys.iter().zip(verdicts) {
@@ -1346,6 +1408,10 @@ async fn backward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
             continue;
         }
         delta.pending_orphans += 1;
+        if let Some(sk) = kept_source_key(&ctx.plan, t).and_then(|k| encode_key(&k, &sn)) {
+            // The item it names: the re-check's watch counts writes to it.
+            batch.put(&format!("{OWNER}{}", hex(&sk)), &true)?;
+        }
         batch.put(
             &format!("{OCAND}{}", hex(&tk)),
             &Mismatch {
@@ -1379,14 +1445,8 @@ async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
         l.store.remove_prefix(TOUCHED)?;
         l.store.flush()?;
     }
-    let watcher = crate::watch::Watch::start(&ctx.clients, &ctx.plan)
-        .await?
-        .map(|w| Watcher::spawn(ctx.clone(), w));
-    let result = pass_then_recheck(ctx, segments, watcher.as_ref()).await;
-    if let Some(w) = watcher {
-        w.task.abort();
-    }
-    result
+    let watcher = Watcher::start(ctx).await?;
+    pass_then_recheck(ctx, segments, watcher.as_ref()).await
 }
 
 async fn pass_then_recheck(
@@ -1449,7 +1509,21 @@ struct WatchState {
     error: Option<String>,
 }
 
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl Watcher {
+    /// A watch from now on, polled in the background until dropped; None when
+    /// the source has no stream.
+    async fn start(ctx: &Arc<Ctx>) -> anyhow::Result<Option<Watcher>> {
+        Ok(crate::watch::Watch::start(&ctx.clients, &ctx.plan)
+            .await?
+            .map(|w| Watcher::spawn(ctx.clone(), w)))
+    }
+
     fn spawn(ctx: Arc<Ctx>, mut watch: crate::watch::Watch) -> Watcher {
         let state = Arc::new(std::sync::Mutex::new(WatchState {
             through: f64::NEG_INFINITY,
@@ -1465,13 +1539,32 @@ impl Watcher {
                         // Only candidates' keys matter; the rest would only fill the store.
                         let l = ctx.ledger.lock().await;
                         let mut b = StoreBatch::default();
+                        let mut writes: HashMap<String, u64> = HashMap::new();
+                        let mut owners = std::collections::HashSet::new();
                         for t in &touches {
-                            if l.store
-                                .contains(&format!("{OCAND}{}", hex(&t.target_key)))?
+                            let sk = encode_key(&t.source_key, &sn).unwrap_or_default();
+                            let owner = format!("{OWNER}{}", hex(&sk));
+                            if let Some(tk) = &t.target_key
+                                && l.store.contains(&format!("{OCAND}{}", hex(tk)))?
                             {
-                                let sk = encode_key(&t.source_key, &sn).unwrap_or_default();
-                                b.put(&touch_key(&t.target_key, &sk), &t.source_key)?;
+                                b.put(&touch_key(tk, &sk), &t.source_key)?;
+                                b.put(&owner, &true)?;
+                                owners.insert(owner.clone());
                             }
+                            if owners.contains(&owner)
+                                || l.store.contains(&owner)?
+                                || l.store.contains(&format!("{CAND}{}", hex(&sk)))?
+                            {
+                                let key = format!("{WRITES}{}", hex(&sk));
+                                let n = match writes.get(&key) {
+                                    Some(n) => *n,
+                                    None => l.store.get::<u64>(&key)?.unwrap_or(0),
+                                };
+                                writes.insert(key, n + 1);
+                            }
+                        }
+                        for (k, n) in &writes {
+                            b.put(k, n)?;
                         }
                         l.store.apply(b)?;
                     }
@@ -1521,6 +1614,30 @@ impl Watcher {
     }
 }
 
+/// Writes the watch has seen to each forward candidate's source item, once it
+/// has read every write made before now.
+async fn writes_seen(
+    ctx: &Ctx,
+    watcher: &Watcher,
+    source_keys: &[Vec<u8>],
+) -> Result<Vec<u64>, String> {
+    watcher.wait(Utc::now(), ctx.opts.recheck_timeout).await?;
+    let l = ctx.ledger.lock().await;
+    source_keys
+        .iter()
+        .map(|sk| {
+            l.store
+                .get::<u64>(&format!("{WRITES}{}", hex(sk)))
+                .map(|n| n.unwrap_or(0))
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// An owner of an orphan candidate as one round read it (None: absent), with
+/// the writes the watch had seen to it before the read.
+type OwnerRead = (Option<Item>, Option<u64>);
+
 fn touch_key(target_key: &[u8], source_key: &[u8]) -> String {
     format!("{TOUCHED}{}/{}", hex(target_key), hex(source_key))
 }
@@ -1556,7 +1673,9 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
             through = through.max(end.map_or_else(Utc::now, ms_to_time) + MARGIN);
         }
         let mut verdicts: Vec<Option<Verdict>> = batch.iter().map(|_| None).collect();
-        let mut prev: Vec<Option<Vec<Option<Item>>>> = batch.iter().map(|_| None).collect();
+        // Per candidate, its owners as the previous round read them, with the
+        // writes the watch had seen to each (same twice: nothing changed).
+        let mut prev: Vec<Option<Vec<OwnerRead>>> = batch.iter().map(|_| None).collect();
         let mut tail = true;
         for _round in 0..MAX_ROUNDS {
             if verdicts.iter().all(Option::is_some) {
@@ -1617,6 +1736,21 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
                 };
             }
             let skeys: Vec<Item> = owners.iter().flatten().flatten().cloned().collect();
+            // As in the forward re-check: writes seen to each owner before it is read.
+            let mut seen: HashMap<Vec<u8>, u64> = HashMap::new();
+            if let Some(w) = watcher.filter(|_| watch_behind.is_none()) {
+                let encoded: Vec<Vec<u8>> = skeys
+                    .iter()
+                    .map(|k| encode_key(k, &sn).unwrap_or_default())
+                    .collect();
+                match writes_seen(ctx, w, &encoded).await {
+                    Ok(n) => seen = encoded.into_iter().zip(n).collect(),
+                    Err(why) => {
+                        ctx.note(why.clone());
+                        watch_behind = Some(why);
+                    }
+                }
+            }
             let sources = if skeys.is_empty() {
                 HashMap::new()
             } else {
@@ -1635,11 +1769,14 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
                     verdicts[i] = Some(Verdict::Unconfirmed(m, why.clone()));
                     continue;
                 }
-                let srcs: Vec<Option<Item>> = owners
+                let srcs: Vec<OwnerRead> = owners
                     .iter()
-                    .map(|k| encode_key(k, &sn).and_then(|k| sources.get(&k).cloned()))
+                    .map(|k| {
+                        let k = encode_key(k, &sn).unwrap_or_default();
+                        (sources.get(&k).cloned(), seen.get(&k).copied())
+                    })
                     .collect();
-                let maps = srcs.iter().flatten().any(|s| {
+                let maps = srcs.iter().filter_map(|(s, _)| s.as_ref()).any(|s| {
                     matches!(transform(&ctx.plan, s), Outcome::Put { item, .. }
                         if encode_key(&item, &tn).as_ref() == Some(&tk))
                 });
@@ -1953,7 +2090,7 @@ async fn repair_chunk(
         })
         .collect();
     let mut still: Vec<Mismatch> = Vec::new();
-    for v in recheck_forward(ctx, fresh).await? {
+    for v in recheck_forward(ctx, fresh, None).await? {
         match v {
             Verdict::Resolved => {}
             Verdict::Confirmed(m) => still.push(m),

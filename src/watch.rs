@@ -1,12 +1,13 @@
-//! A second, short-lived reader of the source's stream: which target keys did
-//! source writes map to during a window, and from which source items?
+//! A second, short-lived reader of the source's stream: which source items
+//! were written during a window, and which target keys their new images map to?
 //!
-//! verify needs it to prove an orphan without `source_key_prefix`. A Scan is
-//! not a snapshot: an item can map to target key K, move away just before the
-//! orphan pass reads it, and move back before K is re-checked — the pass saw
-//! nothing map to K, yet K is the item's rightful copy. Every such move is a
-//! stream record whose new image maps to K, so a watch started before the pass
-//! sees it (ARCHITECTURE.md, "Orphans without the prefix").
+//! verify's re-checks need it. A Scan is not a snapshot: an item can map to
+//! target key K, move away just before the orphan pass reads it, and move back
+//! before K is re-checked — the pass saw nothing map to K, yet K is the item's
+//! rightful copy. Every such move is a stream record whose new image maps to K,
+//! so a watch started before the pass sees it (ARCHITECTURE.md, "Orphans
+//! without the prefix"). And two equal reads of an item do not prove it was not
+//! written in between (A→B→A); a count of its stream records does.
 //!
 //! The watch starts at LATEST on the open shards and reads shards created later
 //! from their trim horizon; order between shards does not matter for a set of
@@ -28,11 +29,12 @@ use crate::tail::{
 use crate::transform::{Outcome, transform};
 use crate::value::{Item, encode_key};
 
-/// A source write seen by the watch: the target key its new image maps to.
+/// A source write seen by the watch: the item written, and the target key its
+/// new image maps to (None for a delete, or an image the plan does not map).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Touch {
-    pub target_key: Vec<u8>,
     pub source_key: Item,
+    pub target_key: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -57,9 +59,16 @@ impl Watch {
     /// stream (then no tail runs either, and nothing can be watched).
     pub async fn start(clients: &Clients, plan: &Plan) -> anyhow::Result<Option<Watch>> {
         let info = clients.describe_table(&plan.source_table).await?;
-        let Some(stream) = info.stream.map(|s| s.arn) else {
+        let Some(stream) = info.stream else {
             return Ok(None);
         };
+        if !stream.view.contains("NEW") {
+            anyhow::bail!(crate::cli::InputError(format!(
+                "table `{}` streams {} records; verify reads new images from the stream                  (the tail needs NEW_AND_OLD_IMAGES)",
+                info.name, stream.view
+            )));
+        }
+        let stream = stream.arn;
         let described_at = now_secs();
         let mut shards = HashMap::new();
         for s in describe_shards(clients, &stream).await? {
@@ -83,7 +92,7 @@ impl Watch {
         }))
     }
 
-    /// One read of every shard still open: the touches found.
+    /// One read of every shard still open: every write found, in no order.
     pub async fn poll(&mut self) -> anyhow::Result<Vec<Touch>> {
         let described_at = now_secs();
         for s in describe_shards(&self.clients, &self.stream).await? {
@@ -150,22 +159,27 @@ impl Watch {
                     let at = at.as_secs_f64();
                     w.progress.record_at = Some(w.progress.record_at.map_or(at, |r| r.max(at)));
                 }
-                let Some(new) = d.new_image().and_then(streams_item) else {
+                let Some(keys) = d.keys().and_then(streams_item) else {
                     continue;
                 };
                 let source_key: Item = names
                     .iter()
-                    .filter_map(|n| new.get(*n).map(|v| (n.to_string(), v.clone())))
+                    .filter_map(|n| keys.get(*n).map(|v| (n.to_string(), v.clone())))
                     .collect();
-                if let Outcome::Put { item, .. } = transform(&self.plan, &new)
-                    && let Some(target_key) = encode_key(&item, &tnames)
-                    && source_key.len() == names.len()
-                {
-                    touches.push(Touch {
-                        target_key,
-                        source_key,
-                    });
+                if source_key.len() != names.len() {
+                    continue;
                 }
+                let target_key =
+                    d.new_image().and_then(streams_item).and_then(|new| {
+                        match transform(&self.plan, &new) {
+                            Outcome::Put { item, .. } => encode_key(&item, &tnames),
+                            _ => None,
+                        }
+                    });
+                touches.push(Touch {
+                    source_key,
+                    target_key,
+                });
             }
             if out.records().len() < PAGE as usize {
                 w.progress.empty_read_at = Some(read_at);

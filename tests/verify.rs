@@ -557,23 +557,29 @@ async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
             (rekey::value::encode_key(&item, &tnames).unwrap(), key)
         })
         .collect();
+    let deleted: Item = [("PK".to_string(), s("O#1"))].into();
+    assert!(
+        seen.iter()
+            .any(|t| t.source_key == deleted && t.target_key.is_none()),
+        "the delete is seen, mapping to nothing: {seen:?}"
+    );
     let mut got: Vec<(Vec<u8>, Item)> = seen
         .into_iter()
-        .map(|t| (t.target_key, t.source_key))
+        .filter_map(|t| Some((t.target_key?, t.source_key)))
         .collect();
     expected.sort_by(|a, b| a.0.cmp(&b.0));
     got.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
         got, expected,
-        "the seed's inserts and the delete touch nothing"
+        "the seed's inserts are from before the watch"
     );
 }
 
 /// Regression (a CI failure of the lifecycle test): an order that moved to
 /// another status after the orphan pass read it, and back, was reported an
 /// orphan — the pass is not a snapshot. Orders here change status all the
-/// time under a running tail; verify must confirm no orphan (and no
-/// difference) that is not there.
+/// time under a running tail, often back to what they were; verify must
+/// confirm no orphan (and no difference) that is not there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
     use support::app::{Orders, STATUSES, seed};
@@ -606,15 +612,14 @@ async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
                 .update_item()
                 .table_name(&o.source)
                 .key("PK", AttributeValue::S(format!("O#{id}")))
-                // v changes with every write: two reads of equal content are
-                // one version (verify's stability test compares content).
-                .update_expression("SET #s = :s, v = :v")
+                // Only the status: an order often reads the same after two
+                // writes (A→B→A), which content alone cannot tell from no write.
+                .update_expression("SET #s = :s")
                 .expression_attribute_names("#s", "status")
                 .expression_attribute_values(
                     ":s",
                     AttributeValue::S(STATUSES[rng.below(3) as usize].into()),
                 )
-                .expression_attribute_values(":v", AttributeValue::N(n.to_string()))
                 .send()
                 .await
                 .unwrap();
