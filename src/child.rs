@@ -233,3 +233,93 @@ impl Shared {
         }
     }
 }
+
+/// Why no port could be had for a local server.
+#[derive(Debug)]
+pub enum PortError {
+    /// The port asked for is taken.
+    InUse { port: u16, source: io::Error },
+    /// No free port could be found.
+    NoFreePort(io::Error),
+}
+
+/// Starts a local server with `start(port)`: on the port asked for, or on a
+/// free one. A free port found by binding port 0 may be taken by someone else
+/// before the server binds it, so then it tries up to three times while
+/// `taken` says the start failed for that reason.
+pub async fn start_on_port<T, E, Fut>(
+    port: Option<u16>,
+    start: impl Fn(u16) -> Fut,
+    taken: impl Fn(&E) -> bool,
+) -> Result<Result<T, E>, PortError>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let attempts = if port.is_some() { 1 } else { 3 };
+    let mut attempt = 1;
+    loop {
+        let port = match port {
+            Some(port) => {
+                if let Err(source) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                    return Err(PortError::InUse { port, source });
+                }
+                port
+            }
+            None => free_port().map_err(PortError::NoFreePort)?,
+        };
+        match start(port).await {
+            Err(e) if attempt < attempts && taken(&e) => attempt += 1,
+            result => return Ok(result),
+        }
+    }
+}
+
+fn free_port() -> io::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// How long dropping a server waits for its owner thread to reap it.
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Kills the child and waits (a bounded time) for its owner thread to reap
+/// it, so its pid and port are free on return. True when it was reaped; on a
+/// timeout the thread is left to reap it whenever it dies.
+pub fn stop(shared: &Shared, pid: u32, owner: &mut Option<std::thread::JoinHandle<()>>) -> bool {
+    shared.kill(pid);
+    if shared.wait_reaped(REAP_TIMEOUT)
+        && let Some(owner) = owner.take()
+    {
+        let _ = owner.join();
+        return true;
+    }
+    false
+}
+
+/// One readiness probe of a local HTTP server: send `request` to the port and
+/// read the status line. Any answer that is not a server error (1xx–4xx) means
+/// its request handler is up — a port that accepts connections is not enough.
+pub async fn http_probe(port: u16, request: &str, timeout: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.write_all(request.as_bytes()).await?;
+        // "HTTP/1.1 200" is 12 bytes.
+        let mut head = Vec::with_capacity(12);
+        let mut buf = [0u8; 64];
+        while head.len() < 12 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        io::Result::Ok(head)
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(head)) => {
+            head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
+        }
+        _ => false,
+    }
+}

@@ -22,7 +22,7 @@ use crate::backfill::{self, BackfillOptions};
 use crate::barrier::{self, DrainOptions};
 use crate::cli::GateNotMet;
 use crate::plan::Plan;
-use crate::progress::{Progress, ProgressMode};
+use crate::progress::Progress;
 use crate::status;
 use crate::tail::{self, TailOptions};
 use crate::verify::{self, VerifyOptions};
@@ -126,10 +126,8 @@ pub async fn run(
     // 2. Capture: the tail runs for the rest of the command, in this process.
     let tail_task = {
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
-        tokio::spawn(async move {
-            let quiet = Progress::new(ProgressMode::Quiet);
-            tail::run(&clients, &plan, &topts, &quiet).await
-        })
+        let beside = progress.beside();
+        tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
     };
     let mut tail_task = tail_task;
     let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {

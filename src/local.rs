@@ -30,9 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use crate::child::{Shared, spawn_owned};
+use crate::child::{self, PortError, Shared, spawn_owned};
 
 /// Environment variable naming the directory that holds `DynamoDBLocal.jar`.
 pub const INSTALL_DIR_ENV: &str = "REKEY_DYNAMODB_LOCAL_DIR";
@@ -51,8 +49,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// Limit for one readiness probe (connect, send, first bytes of the answer).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long `drop` waits for the killed JVM to be reaped before detaching.
-const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Prefix of the per-instance `java.io.tmpdir` directories.
 const TMP_PREFIX: &str = "rekey-dynamodb-local-";
 
@@ -167,28 +163,11 @@ impl DynamoDbLocal {
     /// tied to the runtime: the value may be dropped anywhere.
     pub async fn start(opts: &LocalOptions) -> Result<DynamoDbLocal, LocalError> {
         let dir = Self::find_install(opts.install_dir.as_deref())?;
-        // A free port found by binding port 0 may be taken by someone else
-        // before the JVM binds it; with a port of our choosing, try again.
-        let attempts = if opts.port.is_some() { 1 } else { 3 };
-        let mut attempt = 1;
-        loop {
-            let port = match opts.port {
-                Some(port) => {
-                    if let Err(source) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-                        return Err(LocalError::PortInUse { port, source });
-                    }
-                    port
-                }
-                None => free_port().map_err(LocalError::Java)?,
-            };
-            match start_on(&dir, port).await {
-                Err(LocalError::Exited { output, .. })
-                    if attempt < attempts && output.contains("Address already in use") =>
-                {
-                    attempt += 1;
-                }
-                result => return result,
-            }
+        let taken = |e: &LocalError| matches!(e, LocalError::Exited { output, .. } if output.contains("Address already in use"));
+        match child::start_on_port(opts.port, |port| start_on(&dir, port), taken).await {
+            Ok(result) => result,
+            Err(PortError::InUse { port, source }) => Err(LocalError::PortInUse { port, source }),
+            Err(PortError::NoFreePort(e)) => Err(LocalError::Java(e)),
         }
     }
 
@@ -210,15 +189,7 @@ impl DynamoDbLocal {
 
 impl Drop for DynamoDbLocal {
     fn drop(&mut self) {
-        self.shared.kill(self.pid);
-        // The owner thread reaps the JVM right after it dies. Wait for that,
-        // so that the pid and port are free when drop returns, but not
-        // forever: in the unlikely case it takes longer, detach the thread
-        // (it reaps the JVM whenever it dies).
-        if self.shared.wait_reaped(REAP_TIMEOUT)
-            && let Some(owner) = self.owner.take()
-        {
-            let _ = owner.join();
+        if child::stop(&self.shared, self.pid, &mut self.owner) {
             let _ = std::fs::remove_dir_all(&self.tmp_dir);
         }
     }
@@ -266,12 +237,6 @@ fn search_roots(roots: &[PathBuf]) -> Result<PathBuf, LocalError> {
         }
     }
     Err(LocalError::NotInstalled { searched })
-}
-
-/// Asks the kernel for a free port on 127.0.0.1.
-fn free_port() -> io::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
 }
 
 async fn start_on(dir: &Path, port: u16) -> Result<DynamoDbLocal, LocalError> {
@@ -394,44 +359,24 @@ fn process_exists(pid: libc::pid_t) -> bool {
 /// header: DynamoDB Local requires one but does not check the signature.
 /// Any answer that is not a server error counts.
 async fn probe(port: u16) -> bool {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let body = "{}";
-        let request = format!(
-            "POST / HTTP/1.1\r\n\
-             Host: 127.0.0.1:{port}\r\n\
-             Content-Type: application/x-amz-json-1.0\r\n\
-             X-Amz-Target: DynamoDB_20120810.ListTables\r\n\
-             X-Amz-Date: 20240101T000000Z\r\n\
-             Authorization: AWS4-HMAC-SHA256 \
-             Credential=local/20240101/us-east-1/dynamodb/aws4_request, \
-             SignedHeaders=content-type;host;x-amz-date;x-amz-target, \
-             Signature=0000000000000000000000000000000000000000000000000000000000000000\r\n\
-             Content-Length: {}\r\n\
-             Connection: close\r\n\
-             \r\n\
-             {body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await?;
-        // "HTTP/1.1 200" is 12 bytes.
-        let mut head = Vec::with_capacity(12);
-        let mut buf = [0u8; 64];
-        while head.len() < 12 {
-            let n = stream.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        io::Result::Ok(head)
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
-        Ok(Ok(head)) => {
-            head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
-        }
-        _ => false,
-    }
+    let body = "{}";
+    let request = format!(
+        "POST / HTTP/1.1\r\n\
+         Host: 127.0.0.1:{port}\r\n\
+         Content-Type: application/x-amz-json-1.0\r\n\
+         X-Amz-Target: DynamoDB_20120810.ListTables\r\n\
+         X-Amz-Date: 20240101T000000Z\r\n\
+         Authorization: AWS4-HMAC-SHA256 \
+         Credential=local/20240101/us-east-1/dynamodb/aws4_request, \
+         SignedHeaders=content-type;host;x-amz-date;x-amz-target, \
+         Signature=0000000000000000000000000000000000000000000000000000000000000000\r\n\
+         Content-Length: {}\r\n\
+         Connection: close\r\n\
+         \r\n\
+         {body}",
+        body.len()
+    );
+    child::http_probe(port, &request, PROBE_TIMEOUT).await
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //! * with `--json`, a JSON event line on stdout every five seconds
 //!   (`{"event":"progress",…}`), so that machines can follow a run; the
 //!   command's final line is its report. `--quiet` prints nothing.
+//!
+//! Work that runs beside another (the tail inside `rekey run`) takes a
+//! [`Progress::beside`]: its own bars in the same display on a TTY, its own
+//! labelled lines off one.
 
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
@@ -26,12 +30,14 @@ pub enum ProgressMode {
 #[derive(Clone)]
 pub struct Progress {
     mode: ProgressMode,
-    tty: bool,
+    /// The terminal display, on a TTY in Auto mode: shared by everything
+    /// started `beside` this progress.
+    multi: Option<MultiProgress>,
     state: Arc<Mutex<State>>,
 }
 
 struct State {
-    bars: Option<(MultiProgress, ProgressBar, ProgressBar)>,
+    bars: Option<(ProgressBar, ProgressBar)>,
     label: String,
     /// Rates, throttles, rejects: whatever the running command reports.
     message: String,
@@ -47,10 +53,21 @@ const JSON_EVERY: Duration = Duration::from_secs(5);
 
 impl Progress {
     pub fn new(mode: ProgressMode) -> Progress {
+        let multi = (mode == ProgressMode::Auto && std::io::stderr().is_terminal())
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+        Progress::with_display(mode, multi)
+    }
+
+    /// A progress of its own, in the same display.
+    pub fn beside(&self) -> Progress {
+        Progress::with_display(self.mode, self.multi.clone())
+    }
+
+    fn with_display(mode: ProgressMode, multi: Option<MultiProgress>) -> Progress {
         let now = Instant::now();
         Progress {
             mode,
-            tty: std::io::stderr().is_terminal(),
+            multi,
             state: Arc::new(Mutex::new(State {
                 bars: None,
                 label: String::new(),
@@ -75,20 +92,37 @@ impl Progress {
         s.units = 0.0;
         s.message.clear();
         s.status = serde_json::Value::Null;
-        if self.mode != ProgressMode::Auto || !self.tty {
+        let Some(multi) = &self.multi else {
             return;
+        };
+        if let Some((main, status)) = s.bars.take() {
+            multi.remove(&main);
+            multi.remove(&status);
         }
-        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-        // DescribeTable's item count is refreshed about every six hours: a hint, not a bound.
-        let main = multi.add(ProgressBar::new(
-            expected_items.filter(|n| *n > 0).unwrap_or(0),
-        ));
-        main.set_style(
-            ProgressStyle::with_template(
-                "{prefix:>9} {bar:30} {human_pos}/{human_len} items  {per_sec}  eta {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
+        // DescribeTable's item count is refreshed about every six hours: a hint,
+        // not a bound. Without one (a tail), a count and a rate, no bar.
+        let main = match expected_items {
+            Some(n) => {
+                let bar = multi.add(ProgressBar::new(n));
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{prefix:>9} {bar:30} {human_pos}/{human_len} items  {per_sec}  eta {eta}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar
+            }
+            None => {
+                let spinner = multi.add(ProgressBar::new_spinner());
+                spinner.set_style(
+                    ProgressStyle::with_template(
+                        "{prefix:>9} {spinner} {human_pos} items  {per_sec}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                spinner
+            }
+        };
         main.set_prefix(label.to_string());
         let status = multi.add(ProgressBar::new_spinner());
         status.set_style(
@@ -96,7 +130,7 @@ impl Progress {
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
         main.enable_steady_tick(Duration::from_millis(200));
-        s.bars = Some((multi, main, status));
+        s.bars = Some((main, status));
     }
 
     /// `items` so far; `units` consumed capacity since the last call.
@@ -112,7 +146,7 @@ impl Progress {
         } else {
             s.message.clone()
         };
-        if let Some((_, main, status)) = &s.bars {
+        if let Some((main, status)) = &s.bars {
             if main.length().is_some_and(|l| items > l) {
                 main.set_length(items);
             }
@@ -163,24 +197,22 @@ impl Progress {
             ProgressMode::Json => {
                 println!("{}", serde_json::json!({"event": "note", "text": text}));
             }
-            ProgressMode::Auto => {
-                let s = self.lock();
-                match &s.bars {
-                    Some((multi, _, _)) => {
-                        let _ = multi.println(text);
-                    }
-                    None => eprintln!("{text}"),
-                }
-            }
+            ProgressMode::Auto => match &self.multi {
+                Some(multi) if multi.println(text).is_ok() => {}
+                _ => eprintln!("{text}"),
+            },
         }
     }
 
     pub fn finish(&self) {
         let mut s = self.lock();
-        if let Some((multi, main, status)) = s.bars.take() {
+        if let Some((main, status)) = s.bars.take() {
             main.finish_and_clear();
             status.finish_and_clear();
-            let _ = multi.clear();
+            if let Some(multi) = &self.multi {
+                multi.remove(&main);
+                multi.remove(&status);
+            }
         }
     }
 }

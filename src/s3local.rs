@@ -22,9 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use crate::child::{Shared, spawn_owned};
+use crate::child::{self, PortError, Shared, spawn_owned};
 
 /// Environment variable naming the `moto_server` executable.
 pub const SERVER_ENV: &str = "REKEY_MOTO_SERVER";
@@ -36,8 +34,6 @@ const PROGRAM: &str = "moto_server";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long `drop` waits for the killed server to be reaped.
-const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How to start the server.
 #[derive(Debug, Clone, Default)]
@@ -138,31 +134,14 @@ impl S3Local {
     /// the runtime and the value may be dropped anywhere.
     pub async fn start_with(opts: &S3LocalOptions) -> Result<S3Local, S3LocalError> {
         let program = Self::find_server(opts.server.as_deref())?;
-        // A free port found by binding port 0 may be taken before moto binds
-        // it; with a port of our choosing, try again.
-        let attempts = if opts.port.is_some() { 1 } else { 3 };
-        let mut attempt = 1;
-        loop {
-            let port = match opts.port {
-                Some(port) => {
-                    if let Err(source) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-                        return Err(S3LocalError::PortInUse { port, source });
-                    }
-                    port
-                }
-                None => free_port().map_err(|source| S3LocalError::Spawn {
-                    program: program.clone(),
-                    source,
-                })?,
-            };
-            match start_on(&program, port).await {
-                Err(S3LocalError::Exited { output, .. })
-                    if attempt < attempts && output.contains("Address already in use") =>
-                {
-                    attempt += 1;
-                }
-                result => return result,
-            }
+        let taken = |e: &S3LocalError| matches!(e, S3LocalError::Exited { output, .. } if output.contains("Address already in use"));
+        match child::start_on_port(opts.port, |port| start_on(&program, port), taken).await {
+            Ok(result) => result,
+            Err(PortError::InUse { port, source }) => Err(S3LocalError::PortInUse { port, source }),
+            Err(PortError::NoFreePort(source)) => Err(S3LocalError::Spawn {
+                program: program.clone(),
+                source,
+            }),
         }
     }
 
@@ -183,12 +162,7 @@ impl S3Local {
 
 impl Drop for S3Local {
     fn drop(&mut self) {
-        self.shared.kill(self.pid);
-        if self.shared.wait_reaped(REAP_TIMEOUT)
-            && let Some(owner) = self.owner.take()
-        {
-            let _ = owner.join();
-        }
+        child::stop(&self.shared, self.pid, &mut self.owner);
     }
 }
 
@@ -220,11 +194,6 @@ fn search(roots: &[PathBuf], path_var: Option<OsString>) -> Result<PathBuf, S3Lo
     }
     searched.push(format!("{PROGRAM} on PATH"));
     Err(S3LocalError::NotInstalled { searched })
-}
-
-fn free_port() -> io::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
 }
 
 async fn start_on(program: &Path, port: u16) -> Result<S3Local, S3LocalError> {
@@ -282,28 +251,8 @@ async fn start_on(program: &Path, port: u16) -> Result<S3Local, S3LocalError> {
 /// One readiness probe: an anonymous `GET /` (S3 ListBuckets) gets an HTTP
 /// answer that is not a server error. moto accepts unsigned requests.
 async fn probe(port: u16) -> bool {
-    let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        let request =
-            format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await?;
-        let mut head = Vec::with_capacity(12);
-        let mut buf = [0u8; 64];
-        while head.len() < 12 {
-            let n = stream.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
-        }
-        io::Result::Ok(head)
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, attempt).await {
-        Ok(Ok(head)) => {
-            head.starts_with(b"HTTP/1.") && head.len() >= 12 && matches!(head[9], b'1'..=b'4')
-        }
-        _ => false,
-    }
+    let request = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    child::http_probe(port, &request, PROBE_TIMEOUT).await
 }
 
 #[cfg(test)]
