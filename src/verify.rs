@@ -997,19 +997,46 @@ fn scan_opts(table: &str, segments: u32, page_limit: Option<i32>) -> ScanOptions
 
 // ---- forward ------------------------------------------------------------------
 
-async fn forward(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
-    let starts = ctx.starts("fwd", segments).await?;
+/// Which table a pass scans.
+#[derive(Clone, Copy)]
+enum Side {
+    Source,
+    Target,
+}
+
+/// One Scan pass, resumed from its checkpoints (`verify/<pass>/…`), each page
+/// handed to `on_page` (which commits the page's checkpoint).
+async fn scan_pass<F, Fut>(
+    ctx: &Arc<Ctx>,
+    pass: &str,
+    side: Side,
+    segments: u32,
+    on_page: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(Arc<Ctx>, Page) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let starts = ctx.starts(pass, segments).await?;
+    let (table, control) = match side {
+        Side::Source => (&ctx.plan.source_table, ctx.src.clone()),
+        Side::Target => (&ctx.plan.target_table, ctx.tgt.clone()),
+    };
     let c = ctx.clone();
     scan::scan(
         &ctx.clients,
-        &scan_opts(&ctx.plan.source_table, segments, ctx.opts.page_limit),
+        &scan_opts(table, segments, ctx.opts.page_limit),
         starts,
-        ctx.src.clone(),
-        move |page: Page| {
-            let ctx = c.clone();
-            async move { forward_page(&ctx, page).await }
-        },
+        control,
+        move |page: Page| on_page(c.clone(), page),
     )
+    .await
+}
+
+async fn forward(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
+    scan_pass(ctx, "fwd", Side::Source, segments, |ctx, page| async move {
+        forward_page(&ctx, page).await
+    })
     .await
 }
 
@@ -1304,15 +1331,18 @@ async fn recheck_forward_all(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
     settle_forward(ctx, watcher.as_ref()).await
 }
 
+/// The next candidates to settle (up to one BatchGetItem's worth).
+async fn next_candidates(ctx: &Ctx, prefix: &str) -> anyhow::Result<Vec<(String, Mismatch)>> {
+    let l = ctx.ledger.lock().await;
+    Ok(l.store
+        .iter_prefix::<Mismatch>(prefix)
+        .take(GET_BATCH)
+        .collect::<Result<_, _>>()?)
+}
+
 async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Result<()> {
     loop {
-        let batch: Vec<(String, Mismatch)> = {
-            let l = ctx.ledger.lock().await;
-            l.store
-                .iter_prefix::<Mismatch>(CAND)
-                .take(GET_BATCH)
-                .collect::<Result<_, _>>()?
-        };
+        let batch = next_candidates(ctx, CAND).await?;
         if batch.is_empty() {
             return Ok(());
         }
@@ -1349,18 +1379,9 @@ async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Result<
 // ---- backward -----------------------------------------------------------------
 
 async fn backward(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
-    let starts = ctx.starts("bwd", segments).await?;
-    let c = ctx.clone();
-    scan::scan(
-        &ctx.clients,
-        &scan_opts(&ctx.plan.target_table, segments, ctx.opts.page_limit),
-        starts,
-        ctx.tgt.clone(),
-        move |page: Page| {
-            let ctx = c.clone();
-            async move { backward_page(&ctx, page).await }
-        },
-    )
+    scan_pass(ctx, "bwd", Side::Target, segments, |ctx, page| async move {
+        backward_page(&ctx, page).await
+    })
     .await
 }
 
@@ -1454,39 +1475,27 @@ async fn pass_then_recheck(
     segments: u32,
     watcher: Option<&Watcher>,
 ) -> anyhow::Result<()> {
-    let starts = ctx.starts("p2", segments).await?;
-    let c = ctx.clone();
-    scan::scan(
-        &ctx.clients,
-        &scan_opts(&ctx.plan.source_table, segments, ctx.opts.page_limit),
-        starts,
-        ctx.src.clone(),
-        move |page: Page| {
-            let ctx = c.clone();
-            async move {
-                *ctx.rcu_src.lock().await += page.consumed;
-                let tn = ctx.tgt_names();
-                let mut l = ctx.ledger.lock().await;
-                let mut batch = StoreBatch::default();
-                let mut delta = Counts::default();
-                let mut seen = std::collections::HashSet::new();
-                for item in &page.items {
-                    if let Outcome::Put { item: out, .. } = transform(&ctx.plan, item) {
-                        let key =
-                            format!("{OCAND}{}", hex(&encode_key(&out, &tn).unwrap_or_default()));
-                        if seen.insert(key.clone()) && l.store.contains(&key)? {
-                            batch.remove(&key);
-                            delta.pending_orphans = delta.pending_orphans.wrapping_sub(1);
-                            delta.target_matched += 1;
-                            delta.resolved += 1;
-                        }
-                    }
+    scan_pass(ctx, "p2", Side::Source, segments, |ctx, page| async move {
+        *ctx.rcu_src.lock().await += page.consumed;
+        let tn = ctx.tgt_names();
+        let mut l = ctx.ledger.lock().await;
+        let mut batch = StoreBatch::default();
+        let mut delta = Counts::default();
+        let mut seen = std::collections::HashSet::new();
+        for item in &page.items {
+            if let Outcome::Put { item: out, .. } = transform(&ctx.plan, item) {
+                let key = format!("{OCAND}{}", hex(&encode_key(&out, &tn).unwrap_or_default()));
+                if seen.insert(key.clone()) && l.store.contains(&key)? {
+                    batch.remove(&key);
+                    delta.pending_orphans = delta.pending_orphans.wrapping_sub(1);
+                    delta.target_matched += 1;
+                    delta.resolved += 1;
                 }
-                batch.put(&seg_key("p2", page.segment), &seg_state(&page))?;
-                l.commit(batch, &delta)
             }
-        },
-    )
+        }
+        batch.put(&seg_key("p2", page.segment), &seg_state(&page))?;
+        l.commit(batch, &delta)
+    })
     .await?;
     // The pass is over: candidates still open were read while the pass ran.
     {
@@ -1652,13 +1661,7 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
     let prefix = ctx.plan.source_key_prefix.is_some();
     loop {
-        let batch: Vec<(String, Mismatch)> = {
-            let l = ctx.ledger.lock().await;
-            l.store
-                .iter_prefix::<Mismatch>(OCAND)
-                .take(GET_BATCH)
-                .collect::<Result<_, _>>()?
-        };
+        let batch = next_candidates(ctx, OCAND).await?;
         if batch.is_empty() {
             return Ok(());
         }
