@@ -13,8 +13,8 @@
 //! from their trim horizon; order between shards does not matter for a set of
 //! keys. `through()` follows the tail's rule (a read at `t` that found the shard
 //! drained covers writes before `t - 1 s`; nothing past the last describe),
-//! where a read that returned less than a full page counts as drained: under a
-//! steady write load no read is ever empty. A watch cannot resume after a
+//! where a read that returned less than a full page (by count and by size)
+//! counts as drained: under a steady write load no read is ever empty. A watch cannot resume after a
 //! restart — LATEST is gone — so the pass that depends on it is redone.
 
 use std::collections::HashMap;
@@ -181,7 +181,7 @@ impl Watch {
                     target_key,
                 });
             }
-            if out.records().len() < PAGE as usize {
+            if drained(out.records()) {
                 w.progress.empty_read_at = Some(read_at);
             }
             match out.next_shard_iterator() {
@@ -217,6 +217,21 @@ impl Watch {
 
 /// Records asked for per GetRecords call (DynamoDB's maximum).
 const PAGE: i32 = 1000;
+/// GetRecords also stops at 1 MB of records.
+const PAGE_BYTES: i64 = 1 << 20;
+/// DynamoDB's largest item.
+const MAX_ITEM_BYTES: i64 = 400 * 1024;
+
+/// Whether a GetRecords page ended because the shard had nothing more, not at
+/// a limit: fewer records than asked for, and room left for one more of the
+/// largest size (so the 1 MB cap did not cut it either).
+fn drained(records: &[aws_sdk_dynamodbstreams::types::Record]) -> bool {
+    let bytes: i64 = records
+        .iter()
+        .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
+        .sum();
+    records.len() < PAGE as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
+}
 
 async fn iterator(
     clients: &Clients,
@@ -238,4 +253,32 @@ async fn iterator(
     out.shard_iterator()
         .map(str::to_string)
         .ok_or_else(|| anyhow::anyhow!("GetShardIterator returned no iterator for {shard}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodbstreams::types::{Record, StreamRecord};
+
+    fn page(n: usize, each: i64) -> Vec<Record> {
+        (0..n)
+            .map(|_| {
+                Record::builder()
+                    .dynamodb(StreamRecord::builder().size_bytes(each).build())
+                    .build()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
+        assert!(drained(&[]));
+        assert!(drained(&page(999, 100)));
+        assert!(!drained(&page(1000, 100)), "cut at 1,000 records");
+        assert!(!drained(&page(3, 300 * 1024)), "maybe cut at 1 MB");
+        assert!(
+            drained(&page(1, 500 * 1024)),
+            "another 400 KB item would have fit"
+        );
+    }
 }
