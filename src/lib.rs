@@ -21,8 +21,8 @@
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
 //! * [`tail`] — DynamoDB Streams into the target, per-item order across shard
 //!   lineage, buffered until the backfill is complete; publishes its lag.
-//! * [`watch`] — a short-lived second stream reader: which target keys source
-//!   writes mapped to during verify's orphan pass.
+//! * [`watch`] — a short-lived second stream reader for verify's re-checks:
+//!   which source items were written, and which target keys they map to.
 //! * [`barrier`] — the drain barrier: a marker written to the source that
 //!   proves the tail has applied everything before it.
 //! * [`status`] — the JSON snapshots each driver publishes in the state

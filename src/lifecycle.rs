@@ -124,12 +124,11 @@ pub async fn run(
     }
 
     // 2. Capture: the tail runs for the rest of the command, in this process.
-    let tail_task = {
+    let mut tail_task = {
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
         let beside = progress.beside();
         tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
     };
-    let mut tail_task = tail_task;
     let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e.context("the tail stopped")),

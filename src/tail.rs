@@ -262,7 +262,7 @@ const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
 /// read that finds a shard empty at `t` is taken to cover writes before
 /// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
 /// second; the drain barrier does not rely on this.)
-pub(crate) const STREAM_DELAY_SECONDS: f64 = 1.0;
+const STREAM_DELAY_SECONDS: f64 = 1.0;
 
 /// Source items applied at once from one response (see the module docs).
 const LANES: usize = 16;

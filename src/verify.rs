@@ -52,6 +52,7 @@ use crate::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::state::{StateStore, StoreBatch};
 use crate::transform::{Outcome, transform};
 use crate::value::{Item, encode_key};
+use crate::watch::Touch;
 use crate::write::{backoff, jitter, write_batch};
 
 /// Keys per BatchGetItem call (DynamoDB's limit).
@@ -597,6 +598,55 @@ impl Ledger {
         self.store.flush()?;
         self.counts = next;
         Ok(())
+    }
+
+    /// What the stream watch saw, kept only where a re-check will ask: the
+    /// items that mapped to an orphan candidate's key (they become its owners),
+    /// and a count of writes to every owner and forward candidate.
+    fn record_touches(&self, touches: &[Touch], sn: &[&str]) -> anyhow::Result<()> {
+        let mut b = StoreBatch::default();
+        let mut writes: HashMap<String, u64> = HashMap::new();
+        let mut owners = std::collections::HashSet::new();
+        for t in touches {
+            let sk = encode_key(&t.source_key, sn).unwrap_or_default();
+            let owner = format!("{OWNER}{}", hex(&sk));
+            if let Some(tk) = &t.target_key
+                && self.store.contains(&format!("{OCAND}{}", hex(tk)))?
+            {
+                b.put(&touch_key(tk, &sk), &t.source_key)?;
+                b.put(&owner, &true)?;
+                owners.insert(owner.clone());
+            }
+            let counted = owners.contains(&owner)
+                || self.store.contains(&owner)?
+                || self.store.contains(&format!("{CAND}{}", hex(&sk)))?;
+            if counted {
+                let key = format!("{WRITES}{}", hex(&sk));
+                let n = match writes.get(&key) {
+                    Some(n) => *n,
+                    None => self.store.get::<u64>(&key)?.unwrap_or(0),
+                };
+                writes.insert(key, n + 1);
+            }
+        }
+        for (k, n) in &writes {
+            b.put(k, n)?;
+        }
+        Ok(self.store.apply(b)?)
+    }
+
+    /// Writes the watch has recorded to each item (see `record_touches`).
+    fn writes(&self, source_keys: &[Item], sn: &[&str]) -> anyhow::Result<Vec<u64>> {
+        source_keys
+            .iter()
+            .map(|k| {
+                let sk = encode_key(k, sn).unwrap_or_default();
+                Ok(self
+                    .store
+                    .get::<u64>(&format!("{WRITES}{}", hex(&sk)))?
+                    .unwrap_or(0))
+            })
+            .collect()
     }
 
     fn set_phase(&mut self, meta: &mut RunMeta, phase: Phase) -> anyhow::Result<()> {
@@ -1173,7 +1223,8 @@ enum Verdict {
 /// round by round, after the tail has applied the source writes up to the
 /// previous read plus a margin, read the target and then the source
 /// (consistently). Equal: transient. Different with a source item unchanged
-/// since the previous round: confirmed. Without a tail, one immediate round.
+/// since the previous round — same value, and no write counted by the stream
+/// watch in between: confirmed. Without a tail, one immediate round.
 async fn recheck_forward(
     ctx: &Ctx,
     cands: Vec<Mismatch>,
@@ -1235,23 +1286,17 @@ async fn recheck_forward(
         // Between the target read and the source read: the watch's count of
         // writes to each item, so the next round knows whether any came between.
         let writes = match watcher {
-            Some(w) => {
-                let encoded: Vec<Vec<u8>> = skeys
-                    .iter()
-                    .map(|k| encode_key(k, &sn).unwrap_or_default())
-                    .collect();
-                match writes_seen(ctx, w, &encoded).await {
-                    Ok(n) => Some(n),
-                    Err(why) => {
-                        ctx.note(why.clone());
-                        for &i in &live {
-                            let o = &mut open[i];
-                            o.verdict = Some(Verdict::Unconfirmed(o.cand.clone(), why.clone()));
-                        }
-                        break;
+            Some(w) => match w.wait(Utc::now(), ctx.opts.recheck_timeout).await {
+                Ok(()) => Some(ctx.ledger.lock().await.writes(&skeys, &sn)?),
+                Err(why) => {
+                    ctx.note(why.clone());
+                    for &i in &live {
+                        let o = &mut open[i];
+                        o.verdict = Some(Verdict::Unconfirmed(o.cand.clone(), why.clone()));
                     }
+                    break;
                 }
-            }
+            },
             None => None,
         };
         let sources = ctx.get(false, &skeys, true).await?;
@@ -1467,14 +1512,6 @@ async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()> {
         l.store.flush()?;
     }
     let watcher = Watcher::start(ctx).await?;
-    pass_then_recheck(ctx, segments, watcher.as_ref()).await
-}
-
-async fn pass_then_recheck(
-    ctx: &Arc<Ctx>,
-    segments: u32,
-    watcher: Option<&Watcher>,
-) -> anyhow::Result<()> {
     scan_pass(ctx, "p2", Side::Source, segments, |ctx, page| async move {
         *ctx.rcu_src.lock().await += page.consumed;
         let tn = ctx.tgt_names();
@@ -1503,7 +1540,7 @@ async fn pass_then_recheck(
         l.store.put("verify/p2_end_ms", &now_ms())?;
         l.store.flush()?;
     }
-    recheck_orphans_all(ctx, watcher).await
+    recheck_orphans_all(ctx, watcher.as_ref()).await
 }
 
 /// The stream watch, polled in the background; touches go into the verify
@@ -1545,37 +1582,7 @@ impl Watcher {
                 let step: anyhow::Result<f64> = async {
                     let touches = watch.poll().await?;
                     if !touches.is_empty() {
-                        // Only candidates' keys matter; the rest would only fill the store.
-                        let l = ctx.ledger.lock().await;
-                        let mut b = StoreBatch::default();
-                        let mut writes: HashMap<String, u64> = HashMap::new();
-                        let mut owners = std::collections::HashSet::new();
-                        for t in &touches {
-                            let sk = encode_key(&t.source_key, &sn).unwrap_or_default();
-                            let owner = format!("{OWNER}{}", hex(&sk));
-                            if let Some(tk) = &t.target_key
-                                && l.store.contains(&format!("{OCAND}{}", hex(tk)))?
-                            {
-                                b.put(&touch_key(tk, &sk), &t.source_key)?;
-                                b.put(&owner, &true)?;
-                                owners.insert(owner.clone());
-                            }
-                            if owners.contains(&owner)
-                                || l.store.contains(&owner)?
-                                || l.store.contains(&format!("{CAND}{}", hex(&sk)))?
-                            {
-                                let key = format!("{WRITES}{}", hex(&sk));
-                                let n = match writes.get(&key) {
-                                    Some(n) => *n,
-                                    None => l.store.get::<u64>(&key)?.unwrap_or(0),
-                                };
-                                writes.insert(key, n + 1);
-                            }
-                        }
-                        for (k, n) in &writes {
-                            b.put(k, n)?;
-                        }
-                        l.store.apply(b)?;
+                        ctx.ledger.lock().await.record_touches(&touches, &sn)?;
                     }
                     Ok(watch.through())
                 }
@@ -1621,26 +1628,6 @@ impl Watcher {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-/// Writes the watch has seen to each forward candidate's source item, once it
-/// has read every write made before now.
-async fn writes_seen(
-    ctx: &Ctx,
-    watcher: &Watcher,
-    source_keys: &[Vec<u8>],
-) -> Result<Vec<u64>, String> {
-    watcher.wait(Utc::now(), ctx.opts.recheck_timeout).await?;
-    let l = ctx.ledger.lock().await;
-    source_keys
-        .iter()
-        .map(|sk| {
-            l.store
-                .get::<u64>(&format!("{WRITES}{}", hex(sk)))
-                .map(|n| n.unwrap_or(0))
-                .map_err(|e| e.to_string())
-        })
-        .collect()
 }
 
 /// An owner of an orphan candidate as one round read it (None: absent), with
@@ -1710,8 +1697,7 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
             // Who could own each target item still present.
             let mut owners: Vec<Option<Vec<Item>>> = vec![None; live.len()];
             let mut watch_behind = None;
-            if !prefix
-                && let Some(w) = watcher
+            if let Some(w) = watcher
                 && let Err(why) = w.wait(read_at, ctx.opts.recheck_timeout).await
             {
                 ctx.note(why.clone());
@@ -1740,20 +1726,16 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
             }
             let skeys: Vec<Item> = owners.iter().flatten().flatten().cloned().collect();
             // As in the forward re-check: writes seen to each owner before it is read.
-            let mut seen: HashMap<Vec<u8>, u64> = HashMap::new();
-            if let Some(w) = watcher.filter(|_| watch_behind.is_none()) {
-                let encoded: Vec<Vec<u8>> = skeys
+            let seen: HashMap<Vec<u8>, u64> = if watcher.is_some() && watch_behind.is_none() {
+                let counts = ctx.ledger.lock().await.writes(&skeys, &sn)?;
+                skeys
                     .iter()
                     .map(|k| encode_key(k, &sn).unwrap_or_default())
-                    .collect();
-                match writes_seen(ctx, w, &encoded).await {
-                    Ok(n) => seen = encoded.into_iter().zip(n).collect(),
-                    Err(why) => {
-                        ctx.note(why.clone());
-                        watch_behind = Some(why);
-                    }
-                }
-            }
+                    .zip(counts)
+                    .collect()
+            } else {
+                HashMap::new()
+            };
             let sources = if skeys.is_empty() {
                 HashMap::new()
             } else {

@@ -64,7 +64,8 @@ impl Watch {
         };
         if !stream.view.contains("NEW") {
             anyhow::bail!(crate::cli::InputError(format!(
-                "table `{}` streams {} records; verify reads new images from the stream                  (the tail needs NEW_AND_OLD_IMAGES)",
+                "table `{}` streams {} records; verify reads new images from the stream \
+                 (the tail needs NEW_AND_OLD_IMAGES)",
                 info.name, stream.view
             )));
         }
@@ -94,12 +95,16 @@ impl Watch {
 
     /// One read of every shard still open: every write found, in no order.
     pub async fn poll(&mut self) -> anyhow::Result<Vec<Touch>> {
+        // DescribeStream is rate-limited per account (and the tail calls it
+        // too): about once a second, which is also how far `through` can lag.
         let described_at = now_secs();
-        for s in describe_shards(&self.clients, &self.stream).await? {
-            // Created after the watch started: every record in it is in the window.
-            self.shards.entry(s.id).or_default();
+        if described_at - self.described_at >= DESCRIBE_EVERY_SECONDS {
+            for s in describe_shards(&self.clients, &self.stream).await? {
+                // Created after the watch started: every record in it is in the window.
+                self.shards.entry(s.id).or_default();
+            }
+            self.described_at = described_at;
         }
-        self.described_at = described_at;
         let names = self.plan.source_key.names();
         let tnames = self.plan.target_key.names();
         let mut touches = Vec::new();
@@ -215,6 +220,8 @@ impl Watch {
     }
 }
 
+/// How often a poll lists the stream's shards.
+const DESCRIBE_EVERY_SECONDS: f64 = 1.0;
 /// Records asked for per GetRecords call (DynamoDB's maximum).
 const PAGE: i32 = 1000;
 /// GetRecords also stops at 1 MB of records.
