@@ -423,9 +423,9 @@ pub struct DemoArgs {
     /// Items in the demo table.
     #[arg(long, default_value_t = 20_000)]
     pub items: u64,
-    /// Directory holding DynamoDBLocal.jar (default: found under .tools/, see scripts/install-deps).
-    #[arg(long, value_name = "DIR")]
-    pub dynamodb_local: Option<PathBuf>,
+    /// The moto_server executable (default: .tools/venv/bin/moto_server, see scripts/install-deps).
+    #[arg(long, value_name = "PATH")]
+    pub moto_server: Option<PathBuf>,
     #[command(flatten)]
     pub report: ReportArgs,
     #[arg(long)]

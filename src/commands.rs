@@ -512,7 +512,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let progress = Progress::new(mode(a.json));
             let opts = demo::DemoOptions {
                 items: a.items,
-                dynamodb_local: a.dynamodb_local,
+                moto_server: a.moto_server,
                 endpoint_url: cli.aws.endpoint_url.clone(),
                 analyze: AnalyzeOptions {
                     // The demo's point is the hot key under application load.

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::analyze::{self, AnalyzeOptions, Report, ScanSettings};
 use crate::aws::{AwsOptions, Clients};
-use crate::local::{DynamoDbLocal, LocalOptions};
+use crate::local::{LocalOptions, LocalServer};
 use crate::plan::Plan;
 use crate::progress::Progress;
 use crate::value::{Item, Value};
@@ -24,8 +24,8 @@ pub const DEMO_APP_WRITE_RATE: f64 = 3000.0;
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
     pub items: u64,
-    pub dynamodb_local: Option<std::path::PathBuf>,
-    /// Use this DynamoDB instead of starting DynamoDB Local.
+    pub moto_server: Option<std::path::PathBuf>,
+    /// Use this DynamoDB instead of starting the local server.
     pub endpoint_url: Option<String>,
     pub analyze: AnalyzeOptions,
 }
@@ -144,15 +144,15 @@ pub struct DemoRun {
     pub plan: Plan,
     pub report: Report,
     /// Keeps DynamoDB Local alive until the caller is done with the report.
-    pub local: Option<DynamoDbLocal>,
+    pub local: Option<LocalServer>,
 }
 
 pub async fn run(opts: &DemoOptions, progress: &Progress) -> anyhow::Result<DemoRun> {
     let (local, endpoint) = match &opts.endpoint_url {
         Some(url) => (None, url.clone()),
         None => {
-            let l = DynamoDbLocal::start(&LocalOptions {
-                install_dir: opts.dynamodb_local.clone(),
+            let l = LocalServer::start(&LocalOptions {
+                server: opts.moto_server.clone(),
                 port: None,
             })
             .await?;

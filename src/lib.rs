@@ -53,10 +53,10 @@
 //! * [`progress`] — owns terminal progress output.
 //! * [`export`] — reads DynamoDB S3 exports (manifest, gzip DynamoDB JSON),
 //!   streaming, from S3 or a local copy.
-//! * [`local`], [`s3local`] — start AWS's DynamoDB Local and moto's S3 server
-//!   for tests and the demo, as [`child`] processes that die with rekey.
-//! * [`proxy`] — the throttling and fault proxy tests put in front of
-//!   DynamoDB Local, which never throttles by itself.
+//! * [`local`] — starts the local AWS (moto: DynamoDB, Streams, S3) for tests
+//!   and the demo, as a child process that dies with rekey.
+//! * [`proxy`] — the throttling and fault proxy tests put in front of the
+//!   local server, which never throttles and charges capacity per request.
 //! * [`demo`] — the skewed demo table and its analysis.
 //! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
 //!   commands need, from the list of AWS actions the code calls.
@@ -70,7 +70,6 @@ pub mod backfill;
 pub mod barrier;
 pub mod bucket;
 pub mod check;
-pub mod child;
 pub mod claims;
 pub mod cli;
 pub mod commands;
@@ -90,7 +89,6 @@ pub mod proxy;
 pub mod rate;
 pub mod redact;
 pub mod rejects;
-pub mod s3local;
 pub mod scan;
 pub mod spill;
 pub mod state;

@@ -643,7 +643,7 @@ async fn a_dropped_receiver_stops_the_read() {
 #[tokio::test]
 async fn moto_is_killed_on_drop() {
     let started = std::time::Instant::now();
-    let moto = rekey::s3local::S3Local::start()
+    let moto = rekey::local::LocalServer::start(&Default::default())
         .await
         .expect("moto_server must start");
     eprintln!("own moto_server ready in {:?}", started.elapsed());

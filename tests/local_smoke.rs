@@ -1,7 +1,8 @@
-//! Smoke tests of `local`: real DynamoDB Local JVMs. They fail (never skip)
-//! when Java or the jar is missing: run scripts/install-deps first.
+//! Smoke tests of `local`: real moto servers. They fail (never skip) when
+//! moto is missing: run scripts/install-deps first.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,9 +13,9 @@ use aws_sdk_dynamodb::config::{Credentials, Region};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
 };
-use rekey::local::{DynamoDbLocal, LocalError, LocalOptions};
+use rekey::local::{LocalError, LocalOptions, LocalServer};
 
-async fn client(local: &DynamoDbLocal) -> Client {
+async fn client(local: &LocalServer) -> Client {
     let config = aws_config::defaults(BehaviorVersion::latest())
         .endpoint_url(local.endpoint())
         .region(Region::new("us-east-1"))
@@ -97,7 +98,7 @@ fn wait_gone(pid: u32, port: u16, limit: Duration) -> Result<Duration, String> {
 async fn two_instances_side_by_side_and_drop_kills() {
     let opts = LocalOptions::default();
     let started = Instant::now();
-    let (a, b) = tokio::join!(DynamoDbLocal::start(&opts), DynamoDbLocal::start(&opts));
+    let (a, b) = tokio::join!(LocalServer::start(&opts), LocalServer::start(&opts));
     let (a, b) = (a.unwrap(), b.unwrap());
     eprintln!(
         "two instances ready in {:?}: {} (pid {}), {} (pid {})",
@@ -141,7 +142,7 @@ async fn a_given_port_is_used() {
         ..LocalOptions::default()
     };
     let started = Instant::now();
-    let local = DynamoDbLocal::start(&opts).await.unwrap();
+    let local = LocalServer::start(&opts).await.unwrap();
     eprintln!("one instance ready in {:?}", started.elapsed());
     assert_eq!(local.port(), port);
     assert_eq!(
@@ -151,82 +152,89 @@ async fn a_given_port_is_used() {
 
     // A second instance on the same port is refused up front (its readiness
     // probe would be answered by the first one).
-    let err = DynamoDbLocal::start(&opts).await.unwrap_err();
+    let err = LocalServer::start(&opts).await.unwrap_err();
     assert!(
         matches!(err, LocalError::PortInUse { port: p, .. } if p == port),
         "{err:?}"
     );
 }
 
+/// A fake install: `moto_server` with a `#!/bin/sh` line and `python3`
+/// beside it holding `python`, so the launcher runs that instead of moto.
+fn fake_install(name: &str, python: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rekey-fake-moto-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in [("moto_server", "#!/bin/sh\n"), ("python3", python)] {
+        let p = dir.join(file);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    dir
+}
+
 #[tokio::test]
 async fn missing_install_is_not_installed() {
-    let dir = std::env::temp_dir().join(format!("no-dynamodb-local-here-{}", std::process::id()));
+    let path = std::env::temp_dir().join(format!("no-moto-here-{}", std::process::id()));
     let opts = LocalOptions {
-        install_dir: Some(dir.clone()),
+        server: Some(path.clone()),
         port: None,
     };
-    let err = DynamoDbLocal::start(&opts).await.unwrap_err();
+    let err = LocalServer::start(&opts).await.unwrap_err();
     let LocalError::NotInstalled { searched } = &err else {
         panic!("expected NotInstalled, got {err:?}");
     };
-    assert_eq!(searched, std::slice::from_ref(&dir));
+    assert_eq!(searched, &[path.display().to_string()]);
     let message = err.to_string();
     assert!(message.contains("scripts/install-deps"), "{message}");
-    assert!(message.contains(&dir.display().to_string()), "{message}");
+    assert!(message.contains(&path.display().to_string()), "{message}");
 
     assert!(matches!(
-        DynamoDbLocal::find_install(Some(Path::new("/nonexistent"))),
+        LocalServer::find_server(Some(Path::new("/nonexistent"))),
         Err(LocalError::NotInstalled { .. })
     ));
 }
 
 #[tokio::test]
-async fn a_jvm_that_exits_is_reported_with_its_output() {
-    let dir = std::env::temp_dir().join(format!("broken-dynamodb-local-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("DynamoDBLocal.jar"), b"not a jar").unwrap();
+async fn a_server_that_exits_is_reported_with_its_output() {
+    let dir = fake_install(
+        "exits",
+        "#!/bin/sh\necho 'no module named moto' >&2\nexit 3\n",
+    );
     let opts = LocalOptions {
-        install_dir: Some(dir.clone()),
+        server: Some(dir.join("moto_server")),
         port: None,
     };
-    let err = DynamoDbLocal::start(&opts).await.unwrap_err();
+    let err = LocalServer::start(&opts).await.unwrap_err();
     std::fs::remove_dir_all(&dir).unwrap();
     let LocalError::Exited { status, output } = &err else {
         panic!("expected Exited, got {err:?}");
     };
-    assert_eq!(status, "exit status: 1");
-    assert!(output.contains("jarfile"), "{err}");
+    assert_eq!(status, "exit status: 3");
+    assert!(output.contains("no module named moto"), "{err}");
 }
 
 #[test]
 fn the_install_is_found() {
-    let dir: PathBuf = DynamoDbLocal::find_install(None).unwrap();
-    assert!(dir.join("DynamoDBLocal.jar").is_file());
-    assert!(dir.join("DynamoDBLocal_lib").is_dir());
+    let server: PathBuf = LocalServer::find_server(None).unwrap();
+    assert!(server.ends_with("moto_server"), "{}", server.display());
 }
 
 const HELPER_ENV: &str = "LOCALLAUNCH_TEST_HELPER";
 
 /// Not a test on its own: when `HELPER_ENV` is set, this is the body of the
-/// subprocess that `jvm_dies_with_its_owner` starts and then ends.
+/// subprocess that `the_server_dies_with_its_owner` starts and then ends.
 #[test]
 fn owner_process_helper() {
     let Ok(mode) = std::env::var(HELPER_ENV) else {
         return;
     };
-    static KEEP: std::sync::OnceLock<DynamoDbLocal> = std::sync::OnceLock::new();
+    static KEEP: std::sync::OnceLock<LocalServer> = std::sync::OnceLock::new();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    if mode == "nojava" {
-        match runtime.block_on(DynamoDbLocal::start(&LocalOptions::default())) {
-            Err(LocalError::Java(e)) => println!("RESULT=java-error {e}"),
-            other => println!("RESULT=unexpected {other:?}"),
-        }
-        return;
-    }
     let local = runtime
-        .block_on(DynamoDbLocal::start(&LocalOptions::default()))
+        .block_on(LocalServer::start(&LocalOptions::default()))
         .unwrap();
-    println!("JVM pid={} port={}", local.pid(), local.port());
+    println!("SERVER pid={} port={}", local.pid(), local.port());
     // Statics are never dropped: `exit` leaves without killing it.
     let _ = KEEP.set(local);
     match mode.as_str() {
@@ -235,18 +243,7 @@ fn owner_process_helper() {
     }
 }
 
-/// Removes the `java.io.tmpdir`s of the instances that a helper left behind
-/// (the next start anywhere would remove them too).
-fn remove_tmp_dirs_of(owner_pid: u32) {
-    let prefix = format!("rekey-dynamodb-local-{owner_pid}-");
-    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-/// Starts `owner_process_helper` in a subprocess; returns it and its JVM's
+/// Starts `owner_process_helper` in a subprocess; returns it and its server's
 /// pid and port.
 fn start_owner(mode: &str) -> (std::process::Child, u32, u16) {
     let mut owner = Command::new(std::env::current_exe().unwrap())
@@ -264,17 +261,17 @@ fn start_owner(mode: &str) -> (std::process::Child, u32, u16) {
     for line in stdout.lines() {
         let line = line.unwrap();
         // libtest prints "test owner_process_helper ... " before it.
-        if let Some((_, rest)) = line.split_once("JVM pid=") {
+        if let Some((_, rest)) = line.split_once("SERVER pid=") {
             let (pid, port) = rest.split_once(" port=").unwrap();
             return (owner, pid.parse().unwrap(), port.parse().unwrap());
         }
     }
     let status = owner.wait().unwrap();
-    panic!("the helper process ended ({status}) without starting DynamoDB Local");
+    panic!("the helper process ended ({status}) without starting the local server");
 }
 
 #[test]
-fn jvm_dies_with_its_owner() {
+fn the_server_dies_with_its_owner() {
     // SIGKILLed owner: no destructor runs at all.
     let (mut owner, pid, port) = start_owner("sleep");
     assert!(alive(pid));
@@ -285,9 +282,8 @@ fn jvm_dies_with_its_owner() {
         // Don't leave it behind if the test fails.
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
-    remove_tmp_dirs_of(owner.id());
     let took = result.unwrap();
-    eprintln!("JVM of SIGKILLed owner gone after {took:?}");
+    eprintln!("server of SIGKILLed owner gone after {took:?}");
 
     // Owner exits without dropping (the instance is in a static).
     let (mut owner, pid, port) = start_owner("exit");
@@ -296,23 +292,5 @@ fn jvm_dies_with_its_owner() {
     if result.is_err() {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
     }
-    remove_tmp_dirs_of(owner.id());
     result.unwrap();
-}
-
-#[test]
-fn missing_java_is_a_java_error() {
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "owner_process_helper",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HELPER_ENV, "nojava")
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("RESULT=java-error"), "{stdout}");
 }

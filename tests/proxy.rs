@@ -14,21 +14,18 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue as AV, BillingMode, KeySchemaElement, KeyType,
     KeysAndAttributes, PutRequest, ScalarAttributeType, WriteRequest,
 };
-use rekey::local::{DynamoDbLocal, LocalOptions};
+use rekey::local::{LocalOptions, LocalServer};
 use rekey::proxy::{Faults, Proxy, ProxyOptions};
 use tokio::sync::OnceCell;
 
-/// One DynamoDB Local for all tests (one JVM is heavy); each test has its tables.
-async fn local() -> &'static DynamoDbLocal {
-    static LOCAL: OnceCell<DynamoDbLocal> = OnceCell::const_new();
+/// One local server for all tests; each test has its tables.
+async fn local() -> &'static LocalServer {
+    static LOCAL: OnceCell<LocalServer> = OnceCell::const_new();
     LOCAL
         .get_or_init(|| async {
-            DynamoDbLocal::start(&LocalOptions {
-                install_dir: None,
-                port: None,
-            })
-            .await
-            .expect("start DynamoDB Local (set REKEY_DYNAMODB_LOCAL_DIR)")
+            LocalServer::start(&LocalOptions::default())
+                .await
+                .expect("start the local server (run scripts/install-deps)")
         })
         .await
 }

@@ -9,7 +9,7 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use rekey::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary};
-use rekey::s3local::S3Local;
+use rekey::local::{LocalOptions, LocalServer};
 use rekey::value::{Item, Value};
 use tokio::sync::{OnceCell, mpsc};
 
@@ -18,12 +18,14 @@ pub const TABLE_ARN: &str = "arn:aws:dynamodb:us-east-1:123456789012:table/Order
 /// One moto for the whole test binary (it starts in about a second; every
 /// test uses its own bucket). Never dropped: it dies with the process
 /// (PR_SET_PDEATHSIG). The test fails if it cannot start.
-static MOTO: OnceCell<S3Local> = OnceCell::const_new();
+static MOTO: OnceCell<LocalServer> = OnceCell::const_new();
 
-pub async fn moto() -> &'static S3Local {
+pub async fn moto() -> &'static LocalServer {
     MOTO.get_or_init(|| async {
         let started = std::time::Instant::now();
-        let moto = S3Local::start().await.expect("moto_server must start");
+        let moto = LocalServer::start(&LocalOptions::default())
+            .await
+            .expect("moto_server must start");
         eprintln!(
             "moto_server at {} ready in {:?}",
             moto.endpoint(),

@@ -13,26 +13,21 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rekey::aws::{AwsOptions, Clients};
-use rekey::local::{DynamoDbLocal, LocalOptions};
+use rekey::local::{LocalOptions, LocalServer};
 use rekey::plan::KeySchema;
 use rekey::value::Item;
 
 pub struct TestEnv {
-    pub ddb: DynamoDbLocal,
+    pub ddb: LocalServer,
     pub clients: Clients,
     pub dir: tempfile::TempDir,
 }
 
 impl TestEnv {
     pub async fn start() -> TestEnv {
-        let ddb = match DynamoDbLocal::start(&LocalOptions {
-            install_dir: None,
-            port: None,
-        })
-        .await
-        {
+        let ddb = match LocalServer::start(&LocalOptions::default()).await {
             Ok(d) => d,
-            Err(e) => panic!("DynamoDB Local did not start (run scripts/install-deps): {e}"),
+            Err(e) => panic!("the local server did not start (run scripts/install-deps): {e}"),
         };
         let clients = Clients::connect(&AwsOptions {
             endpoint_url: Some(ddb.endpoint().to_string()),

@@ -1,5 +1,5 @@
-//! Child processes that cannot outlive rekey: the servers tests and the demo
-//! start (DynamoDB Local, moto's S3). See [`spawn_owned`] for how, and why
+//! Child processes that cannot outlive rekey: the local server tests and the
+//! demo start (moto). See [`spawn_owned`] for how, and why
 //! the spawning thread matters.
 
 use std::collections::VecDeque;

@@ -1,0 +1,93 @@
+"""moto's server, one request at a time.
+
+rekey starts this with the interpreter of the `moto_server` it found:
+`python -c <this file> -H 127.0.0.1 -p PORT`. It is moto's own `main`
+(moto.server) with two changes:
+
+* Every request is handled under one lock. moto answers on parallel threads
+  and keeps no lock of its own around a DynamoDB operation, so a conditional
+  write's check and its write, or a write and the stream record it appends,
+  can interleave with another request: two records get the same sequence
+  number, or a stream holds an item's writes out of order. DynamoDB applies
+  each write to an item atomically and records it in order; rekey's tail and
+  its in-place writes rely on that. moto runs Python under one interpreter
+  lock anyway, so little throughput is lost.
+* Its DynamoDB stream records what DynamoDB records, no more: a write that
+  changes nothing gets no record (moto writes a MODIFY with equal images), and
+  an UpdateItem that creates an item gets one INSERT (moto first puts the key
+  alone and records that too, an image no application wrote).
+* werkzeug's line per request is not logged (errors still are): thousands of
+  lines a second would cost the parent CPU to read.
+
+ARCHITECTURE.md ("Test backend") lists every difference found between moto and
+DynamoDB and what covers it.
+"""
+
+import copy
+import logging
+import sys
+import threading
+
+import moto.server as server
+from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.models.dynamo_type import DynamoType
+from moto.dynamodb.models.table import StreamShard
+
+_run_simple = server.run_simple
+_lock = threading.Lock()
+
+
+def _one_at_a_time(app):
+    def handle(environ, start_response):
+        with _lock:
+            # The whole body is produced under the lock.
+            return list(app(environ, start_response))
+
+    return handle
+
+
+def _run_simple_serialized(host, port, app, **kwargs):
+    return _run_simple(host, port, _one_at_a_time(app), **kwargs)
+
+
+_add = StreamShard.add
+
+
+def _add_if_changed(self, old, new):
+    if old is not None and new is not None and old.to_json() == new.to_json():
+        return
+    _add(self, old, new)
+
+
+_update_item = DynamoDBBackend.update_item
+
+
+def _update_item_one_record(self, table_name, key, *args, **kwargs):
+    """moto's update_item with the table's stream detached, then one record
+    from the item before to the item after."""
+    try:
+        table = self.get_table(table_name)
+        shard = table.stream_shard
+        hash_key = DynamoType(key[table.hash_key_attr])
+        range_key = DynamoType(key[table.range_key_attr]) if table.range_key_attr else None
+        before = copy.deepcopy(table.get_item(hash_key, range_key))
+    except Exception:
+        # A bad request: moto's own call raises the right error for it.
+        return _update_item(self, table_name, key, *args, **kwargs)
+    if shard is None:
+        return _update_item(self, table_name, key, *args, **kwargs)
+    table.stream_shard = None
+    try:
+        item = _update_item(self, table_name, key, *args, **kwargs)
+    finally:
+        table.stream_shard = shard
+    shard.add(before, item)
+    return item
+
+
+StreamShard.add = _add_if_changed
+DynamoDBBackend.update_item = _update_item_one_record
+server.run_simple = _run_simple_serialized
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
+print("rekey: moto", __import__("importlib.metadata").metadata.version("moto"), flush=True)
+server.main(sys.argv[1:])
