@@ -208,7 +208,7 @@ async fn kill_9_at_random_points_then_rerun_converges_without_starting_over() {
     let mut progress = Vec::new();
     let mut kills = 0;
     for kill in 0..6 {
-        let mut child = spawn_rekey(&args, s.env.ddb.endpoint());
+        let mut child = s.env.spawn(&args);
         if kill == 0 {
             // However slow the machine, the first kill lands after a commit.
             wait_for_progress(&s.state, Duration::from_secs(120)).await;
@@ -266,7 +266,7 @@ fn committed_scanned(s: &Setup) -> u64 {
 async fn a_second_driver_is_refused_and_pause_holds_writes() {
     let s = setup(3000).await;
     let args = backfill_args(&s, &["--write-rate", "300", "--concurrency", "4"]);
-    let mut first = spawn_rekey(&args, s.env.ddb.endpoint());
+    let mut first = s.env.spawn(&args);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = s.env.rekey(&args);
     assert_eq!(second.status.code(), Some(1), "{}", stderr(&second));

@@ -119,7 +119,7 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
         "--write-rate",
         "300",
     ];
-    let mut child = spawn_rekey(&args_slow, env.ddb.endpoint());
+    let mut child = env.spawn(&args_slow);
     wait_for_progress(&state, Duration::from_secs(120)).await;
     assert!(
         child.try_wait().unwrap().is_none(),
@@ -174,7 +174,7 @@ async fn backfill_from_an_s3_export() {
             "--json",
         ],
         &[
-            ("AWS_ENDPOINT_URL_DYNAMODB", env.ddb.endpoint()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint()),
             ("AWS_ENDPOINT_URL_S3", moto.as_str()),
         ],
     );

@@ -55,7 +55,7 @@ struct Run {
 }
 
 async fn prepare(items: &[Item]) -> Run {
-    let env = TestEnv::start().await;
+    let env = TestEnv::start_local().await;
     let source = env.table_name("src");
     let target = env.table_name("dst");
     env.create_table(&source, &pk_sk()).await;
@@ -109,7 +109,7 @@ async fn under_table_throttling_it_finishes_exactly_and_settles_near_the_limit()
     let items = orders(3000, 0.0);
     let r = prepare(&items).await;
     let proxy = Proxy::start(ProxyOptions {
-        upstream: r.env.ddb.endpoint().to_string(),
+        upstream: r.env.server().to_string(),
         key_write_units: 1000.0,
         key_read_units: 3000.0,
         table_write_units: Some(250.0),
@@ -146,7 +146,7 @@ async fn one_old_key_with_30_percent_of_items_never_overloads_a_target_key() {
     let items = orders(2000, 0.3);
     let r = prepare(&items).await;
     let proxy = Proxy::start(ProxyOptions {
-        upstream: r.env.ddb.endpoint().to_string(),
+        upstream: r.env.server().to_string(),
         // The per-partition ceiling, scaled down from 1,000 WCU/s.
         key_write_units: 100.0,
         key_read_units: 3000.0,
@@ -189,7 +189,7 @@ async fn server_errors_and_connection_resets_are_retried_to_an_exact_result() {
     let items = orders(1500, 0.1);
     let r = prepare(&items).await;
     let proxy = Proxy::start(ProxyOptions {
-        upstream: r.env.ddb.endpoint().to_string(),
+        upstream: r.env.server().to_string(),
         key_write_units: 1000.0,
         key_read_units: 3000.0,
         table_write_units: None,

@@ -193,18 +193,15 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
 
     // The tail first, then the backfill, while the application writes.
-    let tail = spawn_rekey(
-        &[
-            "tail",
-            plan_s,
-            "--state-dir",
-            state_s,
-            "--exit-when-idle",
-            "4",
-            "--json",
-        ],
-        env.ddb.endpoint(),
-    );
+    let tail = env.spawn(&[
+        "tail",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--exit-when-idle",
+        "4",
+        "--json",
+    ]);
     let writes = app(&env, &table, ids, 1200, Rng::from_time().next());
     let backfill = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -221,7 +218,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
             "--concurrency",
             "8",
         ];
-        let child = spawn_rekey(&args, env.ddb.endpoint());
+        let child = env.spawn(&args);
         tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
             .await
             .unwrap()
@@ -370,7 +367,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
             "--page-size",
             "50",
         ];
-        let child = spawn_rekey(&args, env.ddb.endpoint());
+        let child = env.spawn(&args);
         tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
             .await
             .unwrap()
@@ -464,7 +461,7 @@ async fn in_place_backfill_resumes_after_kill_9() {
         "--write-rate",
         "150",
     ];
-    let mut child = spawn_rekey(&args, env.ddb.endpoint());
+    let mut child = env.spawn(&args);
     wait_for_progress(&state, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(

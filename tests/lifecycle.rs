@@ -46,7 +46,6 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         state,
     } = Orders::start(seed).await;
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
-    let endpoint = env.ddb.endpoint().to_string();
     let run_args = [
         "-q",
         "--show-keys",
@@ -83,7 +82,7 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         let mut rng = Rng::from_time();
         let mut phases_killed = Vec::new();
         for _ in 0..10 {
-            let mut run = spawn_rekey(&run_args, &endpoint);
+            let mut run = env.spawn(&run_args);
             tokio::time::sleep(Duration::from_millis(700 + rng.below(2500))).await;
             let phase = status(&env, plan_s, state_s)["phase"].clone();
             if run.try_wait().unwrap().is_none() {
@@ -95,7 +94,7 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         eprintln!("kill points (phase, exit): {phases_killed:?}");
 
         // The last run reaches ready-for-cutover and keeps tailing.
-        let mut run = spawn_rekey(&run_args, &endpoint);
+        let mut run = env.spawn(&run_args);
         let started = Instant::now();
         loop {
             let s = status(&env, plan_s, state_s);
@@ -186,18 +185,15 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
 
         // Cutover, at the moment the operator chooses: postponed by the flag file.
         std::fs::write(state.join("postpone"), b"").unwrap();
-        let mut cut = spawn_rekey(
-            &[
-                "cutover",
-                plan_s,
-                "--state-dir",
-                state_s,
-                "--json",
-                "--max-lag",
-                "30",
-            ],
-            &endpoint,
-        );
+        let mut cut = env.spawn(&[
+            "cutover",
+            plan_s,
+            "--state-dir",
+            state_s,
+            "--json",
+            "--max-lag",
+            "30",
+        ]);
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(
             cut.try_wait().unwrap().is_none(),

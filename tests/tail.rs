@@ -25,18 +25,15 @@ async fn backfill_and_tail_converge_under_live_writes() {
     let plan_s = plan_path.to_str().unwrap();
 
     // The tail captures first: from before the backfill reads anything.
-    let tail = spawn_rekey(
-        &[
-            "tail",
-            plan_s,
-            "--state-dir",
-            state_s,
-            "--exit-when-idle",
-            "4",
-            "--json",
-        ],
-        env.ddb.endpoint(),
-    );
+    let tail = env.spawn(&[
+        "tail",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--exit-when-idle",
+        "4",
+        "--json",
+    ]);
     let app = writer(&env, source.clone(), 1200, 1500, Rng::from_time().next());
     let backfill = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -53,7 +50,7 @@ async fn backfill_and_tail_converge_under_live_writes() {
             "--write-rate",
             "800",
         ];
-        let mut child = spawn_rekey(&args, env.ddb.endpoint());
+        let mut child = env.spawn(&args);
         tokio::task::spawn_blocking(move || child.wait().unwrap())
             .await
             .unwrap()
@@ -95,7 +92,6 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
     } = Orders::start(seed(1500)).await;
     let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
     let mut rng = Rng::from_time();
-    let endpoint = env.ddb.endpoint().to_string();
     let tail_args = ["tail", plan_s, "--state-dir", state_s, "--json"];
     let backfill_args = [
         "backfill",
@@ -112,13 +108,13 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
     ];
 
     // Five kill points each, interleaved with the application's writes.
-    let first_tail = spawn_rekey(&tail_args, &endpoint);
+    let first_tail = env.spawn(&tail_args);
     let app = writer(&env, source.clone(), 1500, 2000, rng.next());
     let kills = async {
         let mut tail = first_tail;
         let mut killed = (0, 0);
         for round in 0..5 {
-            let mut backfill = spawn_rekey(&backfill_args, &endpoint);
+            let mut backfill = env.spawn(&backfill_args);
             tokio::time::sleep(Duration::from_millis(600 + rng.below(1200))).await;
             if backfill.try_wait().unwrap().is_none() {
                 backfill.kill().unwrap();
@@ -133,7 +129,7 @@ async fn kill_9_of_tail_and_backfill_at_random_points_still_converges() {
                 "round {round}: tail killed, backfill killed {} times so far",
                 killed.1
             );
-            tail = spawn_rekey(&tail_args, &endpoint);
+            tail = env.spawn(&tail_args);
         }
         tail.kill().unwrap();
         tail.wait().unwrap();
@@ -188,10 +184,7 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["complete"], false);
 
-    let mut tail = spawn_rekey(
-        &["tail", plan_s, "--state-dir", state_s, "--json"],
-        env.ddb.endpoint(),
-    );
+    let mut tail = env.spawn(&["tail", plan_s, "--state-dir", state_s, "--json"]);
     let out = env.rekey(&["backfill", plan_s, "--state-dir", state_s, "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
 
@@ -203,14 +196,10 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
         let stop = std::sync::atomic::AtomicBool::new(false);
         let side = side_writer(&env, &source, 5000, &stop);
         let barrier = async {
-            let args: Vec<String> = drain.iter().map(|s| s.to_string()).collect();
-            let endpoint = env.ddb.endpoint().to_string();
-            let out = tokio::task::spawn_blocking(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                rekey_with_env(&args, &[("AWS_ENDPOINT_URL", &endpoint)])
-            })
-            .await
-            .unwrap();
+            let mut cmd = env.command(&drain, &[]);
+            let out = tokio::task::spawn_blocking(move || cmd.output().expect("run rekey"))
+                .await
+                .unwrap();
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             out
         };

@@ -250,7 +250,7 @@ fn run_tail(
             "2",
         ],
         &[
-            ("AWS_ENDPOINT_URL_DYNAMODB", env.ddb.endpoint()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", &env.endpoint()),
             ("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", streams),
         ],
     )

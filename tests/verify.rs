@@ -341,7 +341,7 @@ async fn kill_9_mid_verify_resumes_with_the_same_counts() {
         "--read-rate",
         "15",
     ]);
-    let mut child = spawn_rekey(&args, s.env.ddb.endpoint());
+    let mut child = s.env.spawn(&args);
     wait_for_progress(&s.state.join("verify"), Duration::from_secs(60)).await;
     let mut rng = Rng::from_time();
     tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
@@ -465,7 +465,7 @@ async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
         .unwrap();
 
     let args = s.verify_args(&["--json", "--recheck-timeout", "60"]);
-    let child = spawn_rekey(&args, s.env.ddb.endpoint());
+    let child = s.env.spawn(&args);
     wait_until_waiting_for_tail(&s.state).await;
     // The tail applies the pending change, then reports that it has caught up.
     let Outcome::Put { item: a_target, .. } = transform(&s.plan, &a) else {
@@ -587,8 +587,7 @@ async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
     let (plan, state) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
     let out = o.env.rekey(&["-q", "backfill", plan, "--state-dir", state]);
     assert!(out.status.success(), "backfill: {}", stderr(&out));
-    let endpoint = o.env.ddb.endpoint().to_string();
-    let mut tail = spawn_rekey(&["-q", "tail", plan, "--state-dir", state], &endpoint);
+    let mut tail = o.env.spawn(&["-q", "tail", plan, "--state-dir", state]);
     // Without a tail status verify assumes writes have stopped: wait for one.
     let status = rekey::tail::status_path(&o.state);
     let started = std::time::Instant::now();
@@ -643,11 +642,12 @@ async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
             "--recheck-timeout",
             "60",
         ];
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let env_endpoint = endpoint.clone();
+        let mut cmd = o.env.command(&args, &[]);
         let out = tokio::task::spawn_blocking(move || {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            spawn_rekey(&args, &env_endpoint)
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn rekey")
                 .wait_with_output()
                 .unwrap()
         })

@@ -1,6 +1,15 @@
-//! The integration-test environment: a real DynamoDB Local per test, random
-//! table names, and the `rekey` binary pointed at it through the standard
-//! AWS environment variables — the way an operator runs it.
+//! The integration-test environment, in the manner of mini-redis's
+//! `start_server`: every test calls [`TestEnv::start`] and gets a DynamoDB to
+//! itself — the local server (moto) behind the project's proxy, which gives
+//! DynamoDB's capacity per item — random table names, and the `rekey` binary
+//! pointed at it through the standard AWS environment variables, the way an
+//! operator runs it.
+//!
+//! `REKEY_TEST_ENDPOINT` runs the same tests against another endpoint: a URL
+//! (an emulator of your choice; `AWS_ENDPOINT_URL` for everything) or `aws`
+//! (AWS itself, credentials and region from the standard chain). The tables a
+//! test creates there are deleted when it ends. Tests that need the local
+//! server itself (their own throttling proxy) call [`TestEnv::start_local`].
 //!
 //! A server that cannot start fails the test loudly; nothing is skipped.
 
@@ -10,48 +19,125 @@ pub mod app;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rekey::aws::{AwsOptions, Clients};
 use rekey::local::{LocalOptions, LocalServer};
 use rekey::plan::KeySchema;
+use rekey::proxy::{Proxy, ProxyOptions};
 use rekey::value::Item;
 
+/// Names the endpoint the integration tests run against instead of a local server.
+pub const ENDPOINT_ENV: &str = "REKEY_TEST_ENDPOINT";
+
+/// Where a test's DynamoDB is.
+enum Backend {
+    /// The local server, and the pass-through proxy in front of it.
+    Local { server: LocalServer, proxy: Proxy },
+    /// `REKEY_TEST_ENDPOINT=URL`.
+    Url(String),
+    /// `REKEY_TEST_ENDPOINT=aws`: AWS's own endpoints for the region.
+    Aws { region: String },
+}
+
 pub struct TestEnv {
-    pub ddb: LocalServer,
+    backend: Backend,
     pub clients: Clients,
     pub dir: tempfile::TempDir,
+    /// Tables handed out by [`TestEnv::table_name`]: deleted at the end on
+    /// an endpoint that outlives the test.
+    tables: Mutex<Vec<String>>,
 }
 
 impl TestEnv {
+    /// The local server, or the endpoint `REKEY_TEST_ENDPOINT` names.
     pub async fn start() -> TestEnv {
-        let ddb = match LocalServer::start(&LocalOptions::default()).await {
+        match std::env::var(ENDPOINT_ENV).ok().filter(|v| !v.is_empty()) {
+            None => TestEnv::start_local().await,
+            Some(v) if v == "aws" => {
+                let region = std::env::var("AWS_REGION")
+                    .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+                    .unwrap_or_else(|_| "us-east-1".into());
+                TestEnv::with(Backend::Aws { region }).await
+            }
+            Some(url) => TestEnv::with(Backend::Url(url)).await,
+        }
+    }
+
+    /// Always the local server, whatever `REKEY_TEST_ENDPOINT` says: for tests
+    /// that put their own proxy in front of it ([`TestEnv::server`]).
+    pub async fn start_local() -> TestEnv {
+        let server = match LocalServer::start(&LocalOptions::default()).await {
             Ok(d) => d,
             Err(e) => panic!("the local server did not start (run scripts/install-deps): {e}"),
         };
+        let proxy = Proxy::start(ProxyOptions::pass_through(server.endpoint()))
+            .await
+            .unwrap_or_else(|e| panic!("the capacity proxy did not start: {e:#}"));
+        TestEnv::with(Backend::Local { server, proxy }).await
+    }
+
+    async fn with(backend: Backend) -> TestEnv {
+        let (endpoint_url, static_credentials, region) = match &backend {
+            Backend::Local { proxy, .. } => (
+                Some(proxy.endpoint()),
+                Some(("test".to_string(), "test".to_string())),
+                "us-east-1".to_string(),
+            ),
+            Backend::Url(url) => (Some(url.clone()), None, region_from_env()),
+            Backend::Aws { region } => (None, None, region.clone()),
+        };
         let clients = Clients::connect(&AwsOptions {
-            endpoint_url: Some(ddb.endpoint().to_string()),
-            region: Some("us-east-1".into()),
-            static_credentials: Some(("test".into(), "test".into())),
+            endpoint_url,
+            region: Some(region),
+            static_credentials,
             ..Default::default()
         })
         .await
         .expect("SDK clients");
         TestEnv {
-            ddb,
+            backend,
             clients,
             dir: tempfile::tempdir().expect("temp dir"),
+            tables: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// True on the local server (moto behind the proxy).
+    pub fn is_local(&self) -> bool {
+        matches!(self.backend, Backend::Local { .. })
+    }
+
+    /// The DynamoDB endpoint rekey and the test's clients use.
+    pub fn endpoint(&self) -> String {
+        match &self.backend {
+            Backend::Local { proxy, .. } => proxy.endpoint(),
+            Backend::Url(url) => url.clone(),
+            Backend::Aws { region } => format!("https://dynamodb.{region}.amazonaws.com"),
+        }
+    }
+
+    /// The local server itself (no proxy), for a test's own proxy in front
+    /// of it. Only for [`TestEnv::start_local`] environments.
+    pub fn server(&self) -> &str {
+        match &self.backend {
+            Backend::Local { server, .. } => server.endpoint(),
+            _ => panic!("TestEnv::server needs TestEnv::start_local"),
         }
     }
 
     /// A table name no other test uses.
     pub fn table_name(&self, prefix: &str) -> String {
         static N: AtomicU64 = AtomicU64::new(0);
-        format!(
-            "{prefix}-{}-{}",
+        let name = format!(
+            "{prefix}-{}-{}-{}",
             std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
+            N.fetch_add(1, Ordering::Relaxed),
+            random_suffix()
+        );
+        self.tables.lock().unwrap().push(name.clone());
+        name
     }
 
     pub async fn create_table(&self, name: &str, key: &KeySchema) {
@@ -74,25 +160,115 @@ impl TestEnv {
         p
     }
 
-    /// `rekey ARGS` against this DynamoDB Local, configured through the
-    /// environment as an operator would.
+    /// `rekey ARGS` against this environment's DynamoDB, configured through
+    /// the environment as an operator would.
     pub fn rekey(&self, args: &[&str]) -> Output {
-        rekey_with_env(args, &[("AWS_ENDPOINT_URL", self.ddb.endpoint())])
+        self.rekey_with(args, &[])
+    }
+
+    /// `rekey ARGS` with `extra` environment variables on top (later ones win).
+    pub fn rekey_with(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
+        self.command(args, extra).output().expect("run rekey")
+    }
+
+    /// `rekey ARGS` as a child process (stdout and stderr piped), to be killed.
+    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
+        self.command(args, &[])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn rekey")
+    }
+
+    /// The command [`TestEnv::rekey_with`] runs, for a test that runs it
+    /// elsewhere (a blocking task, with its own stdio).
+    pub fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
+        let mut cmd = base_command(args);
+        match &self.backend {
+            Backend::Local { proxy, .. } => {
+                fake_credentials(&mut cmd);
+                cmd.env("AWS_ENDPOINT_URL", proxy.endpoint());
+            }
+            Backend::Url(url) => {
+                cmd.env("AWS_ENDPOINT_URL", url);
+            }
+            Backend::Aws { region } => {
+                cmd.env("AWS_REGION", region);
+            }
+        }
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        cmd
     }
 }
 
-/// `rekey ARGS` with fake credentials, a region, one attempt per request, and `env`.
-pub fn rekey_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+impl Drop for TestEnv {
+    /// On an endpoint that outlives the test, deletes the tables it was
+    /// given (those never created are "not found": ignored).
+    fn drop(&mut self) {
+        if self.is_local() {
+            return; // the server dies with the test
+        }
+        let tables = std::mem::take(&mut *self.tables.lock().unwrap());
+        let clients = self.clients.clone();
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime for cleanup");
+            rt.block_on(async {
+                for t in tables {
+                    let _ = clients.dynamodb.delete_table().table_name(&t).send().await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+fn region_from_env() -> String {
+    std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into())
+}
+
+/// Eight hex digits from the clock: names stay unique across test runs on an
+/// endpoint that outlives them.
+fn random_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    format!("{:08x}", Rng(nanos).next() as u32)
+}
+
+/// `rekey ARGS` with no endpoint, profile or attempts setting of the
+/// caller's environment.
+fn base_command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rekey"));
     cmd.args(args)
         .env_remove("AWS_ENDPOINT_URL")
         .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-        .env_remove("AWS_PROFILE")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_ENDPOINT_URL_DYNAMODB_STREAMS")
+        .env_remove("AWS_ENDPOINT_URL_S3")
         .env("AWS_MAX_ATTEMPTS", "1")
         .env("AWS_EC2_METADATA_DISABLED", "true");
+    cmd
+}
+
+fn fake_credentials(cmd: &mut Command) {
+    cmd.env_remove("AWS_PROFILE")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1");
+}
+
+/// `rekey ARGS` with fake credentials, a region, one attempt per request, and
+/// `env`: for commands that need no DynamoDB, or a test's own endpoint.
+pub fn rekey_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = base_command(args);
+    fake_credentials(&mut cmd);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -227,21 +403,6 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-}
-
-/// `rekey ARGS` as a child process, to be killed.
-pub fn spawn_rekey(args: &[&str], endpoint: &str) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_rekey"))
-        .args(args)
-        .env("AWS_ENDPOINT_URL", endpoint)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_MAX_ATTEMPTS", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn rekey")
 }
 
 /// The report of a `--json` run: the last line of its event stream, with
