@@ -1,4 +1,4 @@
-//! The whole migration as an operator runs it, against DynamoDB Local, while an
+//! The whole migration as an operator runs it, against the local server, while an
 //! application keeps writing: `rekey run` (killed with kill -9 at ten random
 //! points across its phases) to ready-for-cutover; a verify that finds, and
 //! `--repair` fixes, deliberately corrupted target items; `rekey cutover`
@@ -68,6 +68,8 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
     ];
 
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // The application acknowledges that it stopped: its last write is done.
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let app = async {
         let mut rng = Rng::from_time();
         let mut ops = 0;
@@ -75,6 +77,7 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
             ops += writer(&env, source.clone(), 1200, 40, rng.next()).await;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let _ = stopped_tx.send(());
         ops
     };
     let operator = async {
@@ -222,9 +225,11 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         );
         assert_eq!(status(&env, plan_s, state_s)["phase"], "cut_over");
 
-        // The application has switched: no more writes to the source.
+        // The application has switched: no more writes to the source once it
+        // says its last one is done (a write after finish's barrier is the
+        // application's bug, not rekey's).
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        stopped_rx.await.expect("the application stops");
         let out = env.rekey(&["finish", plan_s, "--state-dir", state_s, "--json"]);
         assert!(out.status.success(), "finish: {}", stderr(&out));
         let exit = tokio::task::spawn_blocking(move || run.wait().unwrap())

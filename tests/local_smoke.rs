@@ -294,3 +294,240 @@ fn the_server_dies_with_its_owner() {
     }
     result.unwrap();
 }
+
+/// A client of the server's DynamoDB Streams.
+async fn streams_client(local: &LocalServer) -> aws_sdk_dynamodbstreams::Client {
+    let config = aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(local.endpoint())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+        .load()
+        .await;
+    aws_sdk_dynamodbstreams::Client::new(&config)
+}
+
+/// A `pk`-keyed table with a NEW_AND_OLD_IMAGES stream; its stream ARN.
+async fn table_with_stream(client: &Client, name: &str) -> String {
+    use aws_sdk_dynamodb::types::{StreamSpecification, StreamViewType};
+    let out = client
+        .create_table()
+        .table_name(name)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("pk")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("pk")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .billing_mode(BillingMode::PayPerRequest)
+        .stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewAndOldImages)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    out.table_description()
+        .unwrap()
+        .latest_stream_arn()
+        .unwrap()
+        .to_string()
+}
+
+/// Every record of the stream's (one) shard, in order.
+async fn records(
+    streams: &aws_sdk_dynamodbstreams::Client,
+    arn: &str,
+) -> Vec<aws_sdk_dynamodbstreams::types::Record> {
+    use aws_sdk_dynamodbstreams::types::ShardIteratorType;
+    let desc = streams
+        .describe_stream()
+        .stream_arn(arn)
+        .send()
+        .await
+        .unwrap();
+    let shards = desc.stream_description().unwrap().shards();
+    assert_eq!(shards.len(), 1, "moto keeps one shard per stream");
+    let mut iterator = streams
+        .get_shard_iterator()
+        .stream_arn(arn)
+        .shard_id(shards[0].shard_id().unwrap())
+        .shard_iterator_type(ShardIteratorType::TrimHorizon)
+        .send()
+        .await
+        .unwrap()
+        .shard_iterator
+        .unwrap();
+    let mut all = Vec::new();
+    loop {
+        let page = streams
+            .get_records()
+            .shard_iterator(&iterator)
+            .send()
+            .await
+            .unwrap();
+        if page.records().is_empty() {
+            return all;
+        }
+        all.extend(page.records().iter().cloned());
+        iterator = page.next_shard_iterator.unwrap();
+    }
+}
+
+fn av(s: &str) -> aws_sdk_dynamodb::types::AttributeValue {
+    aws_sdk_dynamodb::types::AttributeValue::S(s.into())
+}
+
+/// What serve.py changes in moto's stream: one INSERT for an UpdateItem that
+/// creates an item (moto records the bare key first), and no record for a
+/// write that changes nothing (moto records a MODIFY with equal images).
+#[tokio::test]
+async fn the_stream_records_what_dynamodb_records() {
+    use aws_sdk_dynamodbstreams::types::OperationType;
+    let local = LocalServer::start(&LocalOptions::default()).await.unwrap();
+    let (c, streams) = (client(&local).await, streams_client(&local).await);
+    let arn = table_with_stream(&c, "t").await;
+    let update = |v: &'static str| {
+        c.update_item()
+            .table_name("t")
+            .key("pk", av("a"))
+            .update_expression("SET v = :v")
+            .expression_attribute_values(":v", av(v))
+            .send()
+    };
+    update("1").await.unwrap(); // creates the item
+    update("1").await.unwrap(); // changes nothing
+    let put = c
+        .put_item()
+        .table_name("t")
+        .item("pk", av("a"))
+        .item("v", av("1"));
+    put.send().await.unwrap(); // changes nothing
+    update("2").await.unwrap();
+    c.delete_item()
+        .table_name("t")
+        .key("pk", av("a"))
+        .send()
+        .await
+        .unwrap();
+
+    let seen: Vec<(OperationType, Option<String>, Option<String>)> = records(&streams, &arn)
+        .await
+        .iter()
+        .map(|r| {
+            let d = r.dynamodb().unwrap();
+            let v = |img: Option<&std::collections::HashMap<_, _>>| {
+                img.and_then(|i| i.get("v")).map(|v| match v {
+                    aws_sdk_dynamodbstreams::types::AttributeValue::S(s) => s.clone(),
+                    other => panic!("{other:?}"),
+                })
+            };
+            (
+                r.event_name().unwrap().clone(),
+                v(d.old_image()),
+                v(d.new_image()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (OperationType::Insert, None, Some("1".into())),
+            (OperationType::Modify, Some("1".into()), Some("2".into())),
+            (OperationType::Remove, Some("2".into()), None),
+        ]
+    );
+}
+
+/// serve.py's lock: concurrent conditional increments of one counter never
+/// both pass their check (DynamoDB applies each write to an item atomically),
+/// and the stream holds every increment once, in order, with distinct
+/// sequence numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_conditional_writes_are_atomic_and_recorded_in_order() {
+    use aws_sdk_dynamodb::types::AttributeValue as AV;
+    let local = LocalServer::start(&LocalOptions::default()).await.unwrap();
+    let (c, streams) = (client(&local).await, streams_client(&local).await);
+    let arn = table_with_stream(&c, "counter").await;
+    c.put_item()
+        .table_name("counter")
+        .item("pk", av("n"))
+        .item("n", AV::N("0".into()))
+        .send()
+        .await
+        .unwrap();
+    const WRITERS: usize = 8;
+    const EACH: usize = 15;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let c = c.clone();
+        tasks.spawn(async move {
+            let mut done = 0;
+            while done < EACH {
+                let got = c
+                    .get_item()
+                    .table_name("counter")
+                    .key("pk", av("n"))
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    .unwrap();
+                let AV::N(n) = &got.item().unwrap()["n"] else {
+                    panic!("n is a number")
+                };
+                let n: u64 = n.parse().unwrap();
+                let r = c
+                    .update_item()
+                    .table_name("counter")
+                    .key("pk", av("n"))
+                    .update_expression("SET n = :new")
+                    .condition_expression("n = :old")
+                    .expression_attribute_values(":old", AV::N(n.to_string()))
+                    .expression_attribute_values(":new", AV::N((n + 1).to_string()))
+                    .send()
+                    .await;
+                match r {
+                    Ok(_) => done += 1,
+                    Err(e)
+                        if e.as_service_error()
+                            .is_some_and(|e| e.is_conditional_check_failed_exception()) => {}
+                    Err(e) => panic!(
+                        "{}",
+                        aws_smithy_types::error::display::DisplayErrorContext(&e)
+                    ),
+                }
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let all = records(&streams, &arn).await;
+    let total = WRITERS * EACH;
+    assert_eq!(all.len(), 1 + total, "the insert and every increment, once");
+    let mut last_seq: Option<u128> = None;
+    for (i, r) in all.iter().enumerate() {
+        let d = r.dynamodb().unwrap();
+        let seq: u128 = d.sequence_number().unwrap().parse().unwrap();
+        assert!(
+            last_seq.is_none_or(|l| seq > l),
+            "sequence numbers increase"
+        );
+        last_seq = Some(seq);
+        let aws_sdk_dynamodbstreams::types::AttributeValue::N(n) = &d.new_image().unwrap()["n"]
+        else {
+            panic!("n is a number")
+        };
+        assert_eq!(n, &i.to_string(), "increments recorded in order");
+    }
+}
