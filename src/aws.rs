@@ -559,7 +559,37 @@ impl Clients {
         req.send()
             .await
             .map_err(|e| self.error("CreateTable", table, e))?;
-        Ok(())
+        self.wait_active(table).await
+    }
+
+    /// Waits until `table` is ACTIVE: AWS creates tables in the background
+    /// (seconds); a local server has them at once.
+    async fn wait_active(&self, table: &str) -> Result<(), AwsError> {
+        use aws_sdk_dynamodb::types::TableStatus;
+        let started = std::time::Instant::now();
+        loop {
+            let out = self
+                .dynamodb
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| self.error("DescribeTable", table, e))?;
+            let status = out.table.and_then(|t| t.table_status);
+            if status == Some(TableStatus::Active) {
+                return Ok(());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(600) {
+                return Err(AwsError::Schema {
+                    table: table.into(),
+                    detail: format!(
+                        "not ACTIVE 10 minutes after CreateTable (status {})",
+                        status.as_ref().map_or("unknown", TableStatus::as_str)
+                    ),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
     }
 }
 

