@@ -29,10 +29,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rekey::export::{DataFile, ExportLine, ExportLocation, ExportReader, write_export};
+use rekey::export::{DataFile, ExportLine, ExportLocation, ExportReader};
 use rekey::plan::Plan;
 use rekey::transform::{Outcome, transform};
 use rekey::value::{Item, Value};
+use rekey_testkit::export::write_export;
 
 const PLAN: &str = include_str!("../plans/tenant-day-shard.toml");
 const EXPORT_ID: &str = "01767225600000-bench000";

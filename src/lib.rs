@@ -55,8 +55,6 @@
 //!   streaming, from S3 or a local copy.
 //! * [`local`] — starts the local AWS (moto: DynamoDB, Streams, S3) for tests
 //!   and the demo, as a child process that dies with rekey.
-//! * [`proxy`] — the throttling and fault proxy tests put in front of the
-//!   local server, which never throttles and charges capacity per request.
 //! * [`demo`] — the skewed demo table and its analysis.
 //! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
 //!   commands need, from the list of AWS actions the code calls.
@@ -85,7 +83,6 @@ pub mod lifecycle;
 pub mod local;
 pub mod plan;
 pub mod progress;
-pub mod proxy;
 pub mod rate;
 pub mod redact;
 pub mod rejects;

@@ -8,9 +8,9 @@ mod support;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use rekey::export::write_export;
 use rekey::plan::Plan;
 use rekey::value::{Item, encode_key};
+use rekey_testkit::export::write_export;
 use serde_json::Value as Json;
 use support::*;
 

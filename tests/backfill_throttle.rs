@@ -6,8 +6,8 @@
 mod support;
 
 use rekey::plan::Plan;
-use rekey::proxy::{Faults, Proxy, ProxyOptions};
 use rekey::value::Item;
+use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions};
 use serde_json::Value as Json;
 use support::*;
 

@@ -4,9 +4,8 @@
 mod export_support;
 
 use export_support::*;
-use rekey::export::{
-    ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms, write_export,
-};
+use rekey::export::{ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms};
+use rekey_testkit::export::write_export;
 
 const T0: i64 = 1_767_225_600_123; // 2026-01-01T00:00:00.123Z
 

@@ -6,8 +6,9 @@ mod export_support;
 use std::time::Instant;
 
 use export_support::*;
-use rekey::export::{ExportLine, ExportLocation, ExportReader, write_export};
+use rekey::export::{ExportLine, ExportLocation, ExportReader};
 use rekey::value::{Item, Value};
+use rekey_testkit::export::write_export;
 
 const ITEMS: u64 = 200_000;
 /// Holding the file's items would take well over 100 MB (200k items with a

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{
     KeysAndAttributes, PutRequest, ScalarAttributeType, WriteRequest,
 };
 use rekey::local::{LocalOptions, LocalServer};
-use rekey::proxy::{Faults, Proxy, ProxyOptions};
+use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions};
 use tokio::sync::OnceCell;
 
 /// One local server for all tests; each test has its tables.

@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rekey::aws::{AwsOptions, Clients};
 use rekey::local::{LocalOptions, LocalServer};
 use rekey::plan::KeySchema;
-use rekey::proxy::{Proxy, ProxyOptions};
 use rekey::value::Item;
+use rekey_testkit::proxy::{Proxy, ProxyOptions};
 
 /// Names the endpoint the integration tests run against instead of a local server.
 pub const ENDPOINT_ENV: &str = "REKEY_TEST_ENDPOINT";
@@ -85,7 +85,11 @@ impl TestEnv {
                 Some(("test".to_string(), "test".to_string())),
                 "us-east-1".to_string(),
             ),
-            Backend::Url(url) => (Some(url.clone()), None, region_from_env()),
+            Backend::Url(url) => {
+                let fake = std::env::var_os("AWS_ACCESS_KEY_ID").is_none();
+                let creds = fake.then(|| ("test".to_string(), "test".to_string()));
+                (Some(url.clone()), creds, region_from_env())
+            }
             Backend::Aws { region } => (None, None, region.clone()),
         };
         let clients = Clients::connect(&AwsOptions {
@@ -190,7 +194,12 @@ impl TestEnv {
                 cmd.env("AWS_ENDPOINT_URL", proxy.endpoint());
             }
             Backend::Url(url) => {
-                cmd.env("AWS_ENDPOINT_URL", url);
+                // An emulator takes any credentials; the caller's win if set.
+                if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+                    fake_credentials(&mut cmd);
+                }
+                cmd.env("AWS_REGION", region_from_env())
+                    .env("AWS_ENDPOINT_URL", url);
             }
             Backend::Aws { region } => {
                 cmd.env("AWS_REGION", region);
