@@ -59,7 +59,8 @@
 //! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
 //!   commands need, from the list of AWS actions the code calls.
 //! * [`redact`] — key values out of terminal and `--json` output (stable
-//!   hashed tokens, the plan's shapes kept readable) unless `--show-keys`.
+//!   hashed tokens, the plan's shapes and shard numbers kept readable) unless
+//!   `--show-keys`.
 //! * [`cli`], [`commands`] — arguments, dispatch, exit codes.
 
 pub mod analyze;

@@ -48,6 +48,7 @@ use crate::cli::InputError;
 use crate::plan::{Mode, Plan};
 use crate::progress::Progress;
 use crate::rate::{Control, Rate};
+use crate::redact::{PlanRedactor, Redactor};
 use crate::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::state::{StateStore, StoreBatch};
 use crate::transform::{Outcome, transform};
@@ -297,12 +298,6 @@ impl VerifyReport {
 }
 
 // ---- pure helpers -------------------------------------------------------------
-
-/// A stable short label for a key, so terminal output does not show key
-/// values: the same token every other command prints (redact.rs).
-pub fn key_label(encoded: &[u8]) -> String {
-    crate::redact::Redactor { show: false }.key(&crate::value::decode_key(encoded))
-}
 
 /// Whether `--sample percent` picks the item with this encoded source key: a
 /// hash of the key, so every run picks the same items.
@@ -673,6 +668,8 @@ struct Ctx {
     waiting: AtomicBool,
     phase: std::sync::Mutex<Phase>,
     notes: std::sync::Mutex<Vec<String>>,
+    /// How the examples name keys.
+    keys: PlanRedactor,
 }
 
 impl Ctx {
@@ -869,6 +866,12 @@ pub async fn run(
         waiting: AtomicBool::new(false),
         phase: std::sync::Mutex::new(meta.phase),
         notes: std::sync::Mutex::new(Vec::new()),
+        keys: PlanRedactor::new(
+            plan,
+            Redactor {
+                show: opts.show_keys,
+            },
+        ),
     });
 
     progress.start("verify", Some(source.item_count));
@@ -897,7 +900,7 @@ pub async fn run(
     let mismatches_file = dir.join("mismatches.jsonl");
     let examples = {
         let l = ctx.ledger.lock().await;
-        let examples = write_mismatches(&l.store, &mismatches_file, plan, opts.show_keys)?;
+        let examples = write_mismatches(&l.store, &mismatches_file, &ctx.keys)?;
         l.store.put(KEY_LAST, &finished)?;
         l.store.flush()?;
         examples
@@ -1809,30 +1812,24 @@ async fn recheck_orphans_all(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Re
 
 // ---- output -------------------------------------------------------------------
 
-/// The key a mismatch is known by: the source key, or the target key of an orphan.
-fn mismatch_key(plan: &Plan, m: &Mismatch) -> Vec<u8> {
+/// The key a mismatch is known by, and whether it is a target key: the
+/// source key, or the target key of an orphan.
+fn mismatch_key(m: &Mismatch) -> Option<(&Item, bool)> {
     match (m.kind, m.suspected, &m.source_key, &m.target_key) {
-        (Kind::Orphan, _, _, Some(t)) | (_, Some(Kind::Orphan), _, Some(t)) => {
-            encode_key(t, &plan.target_key.names()).unwrap_or_default()
-        }
-        (_, _, Some(s), _) => encode_key(s, &plan.source_key.names()).unwrap_or_default(),
-        _ => Vec::new(),
+        (Kind::Orphan, _, _, Some(t)) | (_, Some(Kind::Orphan), _, Some(t)) => Some((t, true)),
+        (_, _, Some(s), _) => Some((s, false)),
+        _ => None,
     }
 }
 
-/// How terminal output names a key: a short hash, or the key itself with `--show-keys`.
-fn show_key(plan: &Plan, m: &Mismatch, show: bool) -> String {
-    let key = if show {
-        match (m.kind, m.suspected) {
-            (Kind::Orphan, _) | (_, Some(Kind::Orphan)) => m.target_key.as_ref(),
-            _ => m.source_key.as_ref(),
-        }
-    } else {
-        None
-    };
-    match key {
-        Some(k) => serde_json::to_string(k).unwrap_or_default(),
-        None => key_label(&mismatch_key(plan, m)),
+/// How terminal output names a key: redacted as every command redacts keys
+/// (the plan's shapes and an orphan's shard readable, values hashed), or the
+/// key itself with `--show-keys`.
+fn show_key(keys: &PlanRedactor, m: &Mismatch) -> String {
+    match mismatch_key(m) {
+        Some((k, _)) if keys.redactor.show => serde_json::to_string(k).unwrap_or_default(),
+        Some((k, target)) => keys.key(k, target),
+        None => keys.redactor.key(&[]),
     }
 }
 
@@ -1843,8 +1840,7 @@ const EXAMPLES: usize = 20;
 fn write_mismatches(
     store: &StateStore,
     path: &Path,
-    plan: &Plan,
-    show_keys: bool,
+    keys: &PlanRedactor,
 ) -> anyhow::Result<Vec<Example>> {
     use std::io::Write as _;
     let tmp = path.with_extension("tmp");
@@ -1859,7 +1855,7 @@ fn write_mismatches(
         if examples.len() < EXAMPLES {
             examples.push(Example {
                 kind: m.kind,
-                key: show_key(plan, &m, show_keys),
+                key: show_key(keys, &m),
                 attributes: m.attributes.clone(),
             });
         }
@@ -2101,7 +2097,7 @@ async fn repair_chunk(
         if report.examples.len() < EXAMPLES {
             report.examples.push(Example {
                 kind: m.kind,
-                key: show_key(&ctx.plan, &m, ctx.opts.show_keys),
+                key: show_key(&ctx.keys, &m),
                 attributes: m.attributes.clone(),
             });
         }
@@ -2182,19 +2178,47 @@ mod tests {
     }
 
     #[test]
-    fn labels_are_short_stable_and_hide_the_key() {
-        let enc = |pk: &str| {
+    fn examples_name_keys_as_every_command_redacts_them() {
+        let src = "version = 1\n[source]\ntable = \"a\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
+                   [target]\ntable = \"b\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
+                   [[rule]]\nmatch = { PK = \"T#{t}\", SK = \"O#{id}\" }\n\
+                   key = { PK = \"T#{t}#S#{shard(id, 16):02}\", SK = \"O#{id}\" }\n";
+        let plan = Plan::parse(src, std::path::Path::new("p.toml")).unwrap();
+        let key = |pk: &str, sk: &str| {
             let mut i = Item::new();
             i.insert("PK".into(), Value::S(pk.into()));
-            encode_key(&i, &["PK"]).unwrap()
+            i.insert("SK".into(), Value::S(sk.into()));
+            i
         };
-        let a = key_label(&enc("USER#42"));
-        assert_eq!(a, key_label(&enc("USER#42")));
-        assert_ne!(a, key_label(&enc("USER#43")));
-        assert!(
-            a.starts_with('‹') && a.chars().count() == 10 && !a.contains("42"),
-            "{a}"
+        let m = |kind, source_key, target_key| Mismatch {
+            kind,
+            suspected: None,
+            source_key,
+            target_key,
+            attributes: Vec::new(),
+            reason: None,
+            found_at_ms: 0,
+        };
+        let tok = crate::redact::token;
+        let hidden = PlanRedactor::new(&plan, Redactor { show: false });
+        // An orphan by its target key, its shard readable.
+        let orphan = m(Kind::Orphan, None, Some(key("T#acme#S#07", "O#1")));
+        assert_eq!(
+            show_key(&hidden, &orphan),
+            format!("T#{}#S#07 / O#{}", tok("acme"), tok("1"))
         );
+        // Any other difference by its source key.
+        let missing = m(
+            Kind::Missing,
+            Some(key("T#acme", "O#1")),
+            Some(key("T#acme#S#07", "O#1")),
+        );
+        assert_eq!(
+            show_key(&hidden, &missing),
+            format!("T#{} / O#{}", tok("acme"), tok("1"))
+        );
+        let shown = PlanRedactor::new(&plan, Redactor { show: true });
+        assert!(show_key(&shown, &orphan).contains(r#""S":"T#acme#S#07""#));
     }
 
     #[test]

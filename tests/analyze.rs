@@ -186,6 +186,17 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
         r["new"]["hottest_by_items"][0]["key"],
         redactor.target_value("PK", hot_key)
     );
+    // The new design's shard stays readable: only captured values are hashed.
+    let (tenant_day, shard) = hot_key.rsplit_once("#S#").unwrap();
+    let (tenant, day) = tenant_day
+        .strip_prefix("T#")
+        .unwrap()
+        .split_once("#D#")
+        .unwrap();
+    assert_eq!(
+        r["new"]["hottest_by_items"][0]["key"],
+        format!("T#{}#D#{}#S#{shard}", tok(tenant), tok(day))
+    );
     assert_eq!(r["new"]["hottest_by_items"][0]["items"], *hot_n);
     assert_eq!(
         r["indexes"][0]["distribution"]["cardinality"],

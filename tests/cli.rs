@@ -105,7 +105,7 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
     );
     assert!(text.contains("2 items: 1 put, 1 rejected"), "{text}");
 
-    // By default key values are hashed; the plan's shapes and other attributes stay.
+    // By default key values are hashed; the plan's shapes, the shard and other attributes stay.
     let out = rekey_with_env(
         &[
             "check",
@@ -120,10 +120,9 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
     let tok = rekey::redact::token;
     assert!(
         text.contains(&format!(
-            "TENANT#{}#DAY#{}#SHARD#{}",
+            "TENANT#{}#DAY#{}#SHARD#{shard:02}",
             tok("acme"),
             tok("2026-07-07"),
-            tok(&format!("{shard:02}"))
         )),
         "{text}"
     );

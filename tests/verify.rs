@@ -272,6 +272,9 @@ async fn corruptions_are_found_and_repaired(prefix: bool) {
     assert_eq!(out.status.code(), Some(4));
     let text = all_output(&out);
     assert!(text.contains("‹") && text.contains("DIFFERENCES"), "{text}");
+    // Keys are shown as everywhere: the plan's shapes readable, values hashed.
+    let tok = rekey::redact::token;
+    assert!(text.contains(&format!("O#{}", tok("000010"))), "{text}");
     for secret in secrets {
         assert!(!text.contains(secret), "plain output shows a key: {text}");
     }
