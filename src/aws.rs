@@ -3,12 +3,15 @@
 //!
 //! Clients are built once per process from the standard chain (environment,
 //! profile, `--endpoint-url`, `--region`) and passed by reference; nothing else
-//! in rekey constructs one. Every SDK error leaves this module as an
-//! [`AwsError`] that names the table, endpoint or IAM action — never as the
-//! SDK's `Debug` dump.
+//! in rekey constructs one. Each client's endpoint is resolved here
+//! ([`endpoint`]) and set on it whenever it is not AWS's default, so what an
+//! error names is what the client used. Every SDK error leaves this module as
+//! an [`AwsError`] that names the service and endpoint (with where it came
+//! from) and the table or IAM action — never as the SDK's `Debug` dump.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
@@ -19,6 +22,10 @@ use aws_smithy_types::Blob;
 
 use crate::plan::{KeyAttr, KeySchema};
 use crate::value::{Item, ScalarType, Value};
+
+pub mod endpoint;
+
+pub use endpoint::{Endpoint, Endpoints, Service, Source};
 
 /// How to reach AWS: the aws CLI's own options.
 #[derive(Debug, Clone, Default)]
@@ -32,60 +39,71 @@ pub struct AwsOptions {
     pub max_attempts: Option<u32>,
 }
 
-/// Where the endpoint came from, so "cannot connect" can say what to fix.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    pub url: String,
-    pub source: String,
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (from {})", self.url, self.source)
-    }
-}
-
+/// A failed AWS call. Each variant from a call carries the endpoint of the
+/// client that made it, which knows its service: "DynamoDB Streams at URL
+/// (from AWS_ENDPOINT_URL_DYNAMODB_STREAMS)" says what to fix. Actions are
+/// API names (`&'static str`) and endpoints shared, so the error stays small
+/// enough to return by value.
 #[derive(Debug, thiserror::Error)]
 pub enum AwsError {
-    #[error("cannot reach DynamoDB at {endpoint}: {detail}")]
-    Unreachable { endpoint: Endpoint, detail: String },
-    #[error("table `{table}` does not exist in region {region} at {endpoint}")]
-    TableNotFound {
-        table: String,
-        region: String,
-        endpoint: Endpoint,
-    },
-    #[error(
-        "permission denied for {action} on `{resource}`: {detail} (the IAM policy needs dynamodb:{action})"
-    )]
-    AccessDenied {
-        action: String,
-        resource: String,
+    #[error("cannot reach {} at {endpoint}: {detail}", endpoint.service)]
+    Unreachable {
+        endpoint: Arc<Endpoint>,
         detail: String,
     },
+    /// A table (DynamoDB) or stream (DynamoDB Streams) that is not there.
     #[error(
-        "{action} on `{resource}` was throttled ({code}{}): {detail}",
-        reason_list(reasons)
+        "{} `{resource}` does not exist in region {region} at {endpoint}",
+        endpoint.service.resource_kind()
+    )]
+    NotFound {
+        resource: String,
+        region: String,
+        endpoint: Arc<Endpoint>,
+    },
+    #[error(
+        "permission denied for {action} on `{resource}`: {detail} (the IAM policy needs dynamodb:{action}) — {} at {endpoint}",
+        endpoint.service
+    )]
+    AccessDenied {
+        action: &'static str,
+        resource: String,
+        detail: String,
+        endpoint: Arc<Endpoint>,
+    },
+    #[error(
+        "{action} on `{resource}` was throttled ({code}{}): {detail} — {} at {endpoint}",
+        reason_list(reasons),
+        endpoint.service
     )]
     Throttled {
-        action: String,
+        action: &'static str,
         resource: String,
         code: String,
         detail: String,
         reasons: Vec<String>,
+        endpoint: Arc<Endpoint>,
     },
-    #[error("{action} on `{resource}` failed ({code}): {detail}")]
+    #[error(
+        "{action} on `{resource}` failed ({code}): {detail} — {} at {endpoint}",
+        endpoint.service
+    )]
     Service {
-        action: String,
+        action: &'static str,
         resource: String,
         code: String,
         detail: String,
+        endpoint: Arc<Endpoint>,
     },
-    #[error("{action} on `{resource}` failed: {detail}")]
+    #[error(
+        "{action} on `{resource}` failed: {detail} — {} at {endpoint}",
+        endpoint.service
+    )]
     Other {
-        action: String,
+        action: &'static str,
         resource: String,
         detail: String,
+        endpoint: Arc<Endpoint>,
     },
     #[error("table `{table}`: {detail}")]
     Schema { table: String, detail: String },
@@ -135,125 +153,67 @@ pub struct Clients {
     pub dynamodb: aws_sdk_dynamodb::Client,
     pub streams: aws_sdk_dynamodbstreams::Client,
     pub s3: aws_sdk_s3::Client,
-    pub endpoint: Endpoint,
+    /// Where each client sends its requests; `notes` are for the command
+    /// layer to print once.
+    pub endpoints: Endpoints,
     pub region: String,
 }
 
 impl Clients {
     pub async fn connect(opts: &AwsOptions) -> anyhow::Result<Clients> {
-        // --endpoint-url is DynamoDB's (and its Streams'), as in the aws CLI, so
-        // it is set per client below, not on the shared config that S3 also uses.
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(region) = &opts.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        if let Some(profile) = &opts.profile {
-            loader = loader.profile_name(profile);
-        }
-        if let Some((key, secret)) = &opts.static_credentials {
-            loader = loader.credentials_provider(Credentials::new(
-                key,
-                secret,
-                None,
-                None,
-                "rekey-static",
-            ));
-        }
-        // Otherwise the standard chain decides (AWS_MAX_ATTEMPTS, the profile, or 3).
-        if let Some(n) = opts.max_attempts {
-            loader = loader.retry_config(RetryConfig::standard().with_max_attempts(n));
-        }
-        let config = loader.load().await;
+        let config = load_config(opts).await;
         let region = config.region().map(|r| r.to_string()).ok_or_else(|| {
             anyhow::anyhow!(
                 "no AWS region: pass --region, set AWS_REGION, or set a region in the profile"
             )
         })?;
-        let endpoint = resolve_endpoint(opts, &region);
+        let endpoints = endpoint::resolve(opts, &region, |var| std::env::var(var).ok());
+        // Set per client, not on the shared config: each service has its own.
         let mut ddb = aws_sdk_dynamodb::config::Builder::from(&config);
+        ddb.set_endpoint_url(endpoints.dynamodb.explicit().map(str::to_string));
         let mut streams = aws_sdk_dynamodbstreams::config::Builder::from(&config);
-        if let Some(url) = &opts.endpoint_url {
-            ddb = ddb.endpoint_url(url);
-            streams = streams.endpoint_url(url);
-        }
-        // A local S3 server (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) needs
-        // path-style addresses: it has no DNS for bucket.host names.
-        let local_s3 = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"]
-            .iter()
-            .any(|v| std::env::var(v).is_ok_and(|u| !u.is_empty()));
-        let s3 = aws_sdk_s3::config::Builder::from(&config)
-            .force_path_style(local_s3)
-            .build();
+        streams.set_endpoint_url(endpoints.streams.explicit().map(str::to_string));
+        let mut s3 = aws_sdk_s3::config::Builder::from(&config);
+        s3.set_endpoint_url(endpoints.s3.explicit().map(str::to_string));
+        // A local S3 server needs path-style addresses: it has no DNS for
+        // bucket.host names.
+        let s3 = s3.force_path_style(endpoints.s3.is_local()).build();
         Ok(Clients {
             dynamodb: aws_sdk_dynamodb::Client::from_conf(ddb.build()),
             streams: aws_sdk_dynamodbstreams::Client::from_conf(streams.build()),
             s3: aws_sdk_s3::Client::from_conf(s3),
-            endpoint,
+            endpoints,
             region,
         })
     }
 
-    /// Turn any SDK error into one that names what the operator must fix.
-    pub fn error<E, R>(&self, action: &str, resource: &str, err: SdkError<E, R>) -> AwsError
+    /// A DynamoDB call's SDK error as one that names what the operator must fix.
+    pub fn error<E, R>(&self, action: &'static str, resource: &str, err: SdkError<E, R>) -> AwsError
     where
         E: ProvideErrorMetadata + ThrottleReasons + std::error::Error + Send + Sync + 'static,
         R: fmt::Debug + Send + Sync + 'static,
     {
-        let detail_of = |e: &SdkError<E, R>| error_chain(e);
-        match &err {
-            SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) => AwsError::Unreachable {
-                endpoint: self.endpoint.clone(),
-                detail: detail_of(&err),
-            },
-            _ => {
-                let code = err.code().unwrap_or("").to_string();
-                let message = err.message().unwrap_or("").to_string();
-                let detail = if message.is_empty() {
-                    detail_of(&err)
-                } else {
-                    message
-                };
-                let (action, resource) = (action.to_string(), resource.to_string());
-                if code == "ResourceNotFoundException" {
-                    AwsError::TableNotFound {
-                        table: resource,
-                        region: self.region.clone(),
-                        endpoint: self.endpoint.clone(),
-                    }
-                } else if code == "AccessDeniedException" || code == "UnrecognizedClientException" {
-                    AwsError::AccessDenied {
-                        action,
-                        resource,
-                        detail,
-                    }
-                } else if THROTTLE_CODES.contains(&code.as_str()) {
-                    let reasons = err
-                        .as_service_error()
-                        .map(ThrottleReasons::reasons)
-                        .unwrap_or_default();
-                    AwsError::Throttled {
-                        action,
-                        resource,
-                        code,
-                        detail,
-                        reasons,
-                    }
-                } else if code.is_empty() {
-                    AwsError::Other {
-                        action,
-                        resource,
-                        detail,
-                    }
-                } else {
-                    AwsError::Service {
-                        action,
-                        resource,
-                        code,
-                        detail,
-                    }
-                }
-            }
-        }
+        classify(
+            &self.endpoints.dynamodb,
+            &self.region,
+            action,
+            resource,
+            err,
+        )
+    }
+
+    /// A DynamoDB Streams call's SDK error, naming the Streams endpoint.
+    pub fn streams_error<E, R>(
+        &self,
+        action: &'static str,
+        stream: &str,
+        err: SdkError<E, R>,
+    ) -> AwsError
+    where
+        E: ProvideErrorMetadata + ThrottleReasons + std::error::Error + Send + Sync + 'static,
+        R: fmt::Debug + Send + Sync + 'static,
+    {
+        classify(&self.endpoints.streams, &self.region, action, stream, err)
     }
 
     pub async fn describe_table(&self, table: &str) -> Result<TableInfo, AwsError> {
@@ -438,26 +398,93 @@ impl TableInfo {
     }
 }
 
-fn resolve_endpoint(opts: &AwsOptions, region: &str) -> Endpoint {
-    if let Some(url) = &opts.endpoint_url {
-        return Endpoint {
-            url: url.clone(),
-            source: "--endpoint-url".into(),
+/// The shared SDK configuration: region, profile, credentials, retries.
+/// Endpoints are not set here (see [`Clients::connect`]).
+async fn load_config(opts: &AwsOptions) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Some(region) = &opts.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    if let Some(profile) = &opts.profile {
+        loader = loader.profile_name(profile);
+    }
+    if let Some((key, secret)) = &opts.static_credentials {
+        loader =
+            loader.credentials_provider(Credentials::new(key, secret, None, None, "rekey-static"));
+    }
+    // Otherwise the standard chain decides (AWS_MAX_ATTEMPTS, the profile, or 3).
+    if let Some(n) = opts.max_attempts {
+        loader = loader.retry_config(RetryConfig::standard().with_max_attempts(n));
+    }
+    loader.load().await
+}
+
+/// Any SDK error of a call to `endpoint` as an [`AwsError`].
+fn classify<E, R>(
+    endpoint: &Arc<Endpoint>,
+    region: &str,
+    action: &'static str,
+    resource: &str,
+    err: SdkError<E, R>,
+) -> AwsError
+where
+    E: ProvideErrorMetadata + ThrottleReasons + std::error::Error + Send + Sync + 'static,
+    R: fmt::Debug + Send + Sync + 'static,
+{
+    let endpoint = endpoint.clone();
+    if let SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) = &err {
+        return AwsError::Unreachable {
+            endpoint,
+            detail: error_chain(&err),
         };
     }
-    for var in ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"] {
-        if let Ok(url) = std::env::var(var)
-            && !url.is_empty()
-        {
-            return Endpoint {
-                url,
-                source: format!("the {var} environment variable"),
-            };
+    let code = err.code().unwrap_or("").to_string();
+    let detail = match err.message() {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ => error_chain(&err),
+    };
+    let resource = resource.to_string();
+    if code == "ResourceNotFoundException" {
+        AwsError::NotFound {
+            resource,
+            region: region.to_string(),
+            endpoint,
         }
-    }
-    Endpoint {
-        url: format!("https://dynamodb.{region}.amazonaws.com"),
-        source: format!("the AWS default for region {region}"),
+    } else if code == "AccessDeniedException" || code == "UnrecognizedClientException" {
+        AwsError::AccessDenied {
+            action,
+            resource,
+            detail,
+            endpoint,
+        }
+    } else if THROTTLE_CODES.contains(&code.as_str()) {
+        let reasons = err
+            .as_service_error()
+            .map(ThrottleReasons::reasons)
+            .unwrap_or_default();
+        AwsError::Throttled {
+            action,
+            resource,
+            code,
+            detail,
+            reasons,
+            endpoint,
+        }
+    } else if code.is_empty() {
+        AwsError::Other {
+            action,
+            resource,
+            detail,
+            endpoint,
+        }
+    } else {
+        AwsError::Service {
+            action,
+            resource,
+            code,
+            detail,
+            endpoint,
+        }
     }
 }
 
@@ -609,24 +636,14 @@ mod tests {
         let Value::N(n) = &back["b"] else { panic!() };
         assert_eq!(n, "1.50");
     }
-
-    #[test]
-    fn the_endpoint_says_where_it_came_from() {
-        let e = resolve_endpoint(
-            &AwsOptions {
-                endpoint_url: Some("http://127.0.0.1:9".into()),
-                ..Default::default()
-            },
-            "eu-west-1",
-        );
-        assert_eq!(e.to_string(), "http://127.0.0.1:9 (from --endpoint-url)");
-    }
 }
 
 #[cfg(test)]
 mod error_tests {
     use super::*;
     use aws_sdk_dynamodb::operation::scan::ScanError;
+    use aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamError;
+    use aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError;
     use aws_smithy_runtime_api::http::{Response, StatusCode};
     use aws_smithy_types::body::SdkBody;
     use aws_smithy_types::error::ErrorMetadata;
@@ -638,9 +655,63 @@ mod error_tests {
         SdkError::service_error(ScanError::generic(meta), raw)
     }
 
+    fn at(service: Service, url: &str, source: Source) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
+            service,
+            url: url.into(),
+            source,
+        })
+    }
+
+    fn scan_error(endpoint: &Arc<Endpoint>, err: SdkError<ScanError, Response>) -> String {
+        classify(endpoint, "eu-west-1", "Scan", "orders", err).to_string()
+    }
+
+    #[test]
+    fn service_errors_name_the_action_table_region_and_endpoint() {
+        let ddb = at(Service::DynamoDb, "http://127.0.0.1:9", Source::Flag);
+        let e = scan_error(
+            &ddb,
+            service_error("AccessDeniedException", "User: x is not authorized"),
+        );
+        assert_eq!(
+            e,
+            "permission denied for Scan on `orders`: User: x is not authorized \
+             (the IAM policy needs dynamodb:Scan) — DynamoDB at http://127.0.0.1:9 (from --endpoint-url)"
+        );
+        let e = scan_error(
+            &ddb,
+            service_error("ResourceNotFoundException", "not found"),
+        );
+        assert_eq!(
+            e,
+            "table `orders` does not exist in region eu-west-1 at http://127.0.0.1:9 (from --endpoint-url)"
+        );
+        let e = classify(
+            &ddb,
+            "eu-west-1",
+            "Scan",
+            "orders",
+            service_error("ProvisionedThroughputExceededException", "slow down"),
+        );
+        assert!(e.is_throttle());
+        let e = scan_error(&ddb, service_error("ValidationException", "bad"));
+        assert_eq!(
+            e,
+            "Scan on `orders` failed (ValidationException): bad — DynamoDB at http://127.0.0.1:9 (from --endpoint-url)"
+        );
+    }
+
+    /// An SDK error for a request that never reached the server.
+    fn unreachable<E>() -> SdkError<E, Response> {
+        use aws_smithy_runtime_api::client::result::ConnectorError;
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        SdkError::dispatch_failure(ConnectorError::io(Box::new(io)))
+    }
+
     #[tokio::test]
-    async fn service_errors_name_the_action_table_and_region() {
-        let clients = Clients::connect(&AwsOptions {
+    async fn streams_errors_name_the_streams_endpoint_not_dynamodbs() {
+        let mut clients = Clients::connect(&AwsOptions {
             endpoint_url: Some("http://127.0.0.1:9".into()),
             region: Some("eu-west-1".into()),
             static_credentials: Some(("k".into(), "s".into())),
@@ -648,40 +719,43 @@ mod error_tests {
         })
         .await
         .unwrap();
-        let e = clients.error(
-            "Scan",
-            "orders",
-            service_error("AccessDeniedException", "User: x is not authorized"),
+        clients.endpoints.streams = at(
+            Service::Streams,
+            "http://127.0.0.1:7",
+            Source::Env(endpoint::STREAMS),
         );
+        let e = clients.streams_error::<GetRecordsError, _>("GetRecords", "arn:s", unreachable());
+        let text = e.to_string();
+        assert!(
+            text.starts_with(
+                "cannot reach DynamoDB Streams at http://127.0.0.1:7 \
+                 (from the AWS_ENDPOINT_URL_DYNAMODB_STREAMS environment variable): "
+            ),
+            "{text}"
+        );
+        assert!(e.is_transient());
+        let e = clients.error::<ScanError, _>("Scan", "orders", unreachable());
         assert!(
             e.to_string()
-                .contains("permission denied for Scan on `orders`"),
+                .starts_with("cannot reach DynamoDB at http://127.0.0.1:9 (from --endpoint-url): "),
             "{e}"
         );
-        assert!(e.to_string().contains("dynamodb:Scan"), "{e}");
-        let e = clients.error(
-            "Scan",
-            "orders",
-            service_error("ResourceNotFoundException", "not found"),
+        let e = clients.streams_error(
+            "DescribeStream",
+            "arn:s",
+            SdkError::service_error(
+                DescribeStreamError::generic(
+                    ErrorMetadata::builder()
+                        .code("ResourceNotFoundException")
+                        .build(),
+                ),
+                Response::new(StatusCode::try_from(400).unwrap(), SdkBody::empty()),
+            ),
         );
         assert_eq!(
             e.to_string(),
-            "table `orders` does not exist in region eu-west-1 at http://127.0.0.1:9 (from --endpoint-url)"
-        );
-        let e = clients.error(
-            "Scan",
-            "orders",
-            service_error("ProvisionedThroughputExceededException", "slow down"),
-        );
-        assert!(e.is_throttle());
-        let e = clients.error(
-            "Scan",
-            "orders",
-            service_error("ValidationException", "bad"),
-        );
-        assert_eq!(
-            e.to_string(),
-            "Scan on `orders` failed (ValidationException): bad"
+            "stream `arn:s` does not exist in region eu-west-1 at http://127.0.0.1:7 \
+             (from the AWS_ENDPOINT_URL_DYNAMODB_STREAMS environment variable)"
         );
     }
 }

@@ -41,7 +41,7 @@ use tokio::sync::Mutex;
 use crate::aws::{Clients, from_sdk_item};
 use crate::cli::InputError;
 use crate::control::ControlFile;
-use crate::export::{DataFile, ExportLine, ExportLocation, ExportReader};
+use crate::export::{DataFile, ExportLine, ExportLocation, ExportReader, S3Client};
 use crate::inplace::{self, Applied, Direction};
 use crate::plan::{Mode, Plan};
 use crate::progress::Progress;
@@ -611,7 +611,10 @@ impl Drive<'_> {
     /// file's line count after every page of writes.
     async fn export(&self, location: &str, parallel: usize) -> anyhow::Result<()> {
         let loc = ExportLocation::parse(location).map_err(|e| InputError(e.to_string()))?;
-        let s3 = matches!(loc, ExportLocation::S3 { .. }).then(|| self.clients.s3.clone());
+        let s3 = matches!(loc, ExportLocation::S3 { .. }).then(|| S3Client {
+            client: self.clients.s3.clone(),
+            endpoint: self.clients.endpoints.s3.clone(),
+        });
         let (reader, manifest) = ExportReader::open(loc, s3).await?;
         if let Some(note) = manifest.selection_note() {
             eprintln!("{note}");

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::aws::{AwsError, AwsOptions};
+use crate::export::ExportError;
 use crate::plan::PlanErrors;
 use crate::rate::Rate;
 
@@ -44,7 +45,11 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
         if cause.is::<PlanErrors>() || cause.is::<InputError>() {
             return exit::BAD_INPUT;
         }
-        if cause.is::<AwsError>() {
+        if cause.is::<AwsError>()
+            || cause
+                .downcast_ref::<ExportError>()
+                .is_some_and(ExportError::is_s3_call)
+        {
             return exit::AWS;
         }
     }
@@ -74,7 +79,8 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct AwsArgs {
-    /// DynamoDB endpoint (otherwise AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, or AWS's).
+    /// DynamoDB endpoint (otherwise AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, or AWS's);
+    /// a local one serves Streams too, unless AWS_ENDPOINT_URL_DYNAMODB_STREAMS is set.
     #[arg(long, global = true, value_name = "URL")]
     pub endpoint_url: Option<String>,
     /// AWS region (otherwise AWS_REGION or the profile's).
@@ -196,7 +202,8 @@ pub struct CopyArgs {
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
     /// Read a DynamoDB S3 export instead of scanning: s3://bucket/prefix, or a local
-    /// directory holding a downloaded export. S3 endpoint: AWS_ENDPOINT_URL_S3.
+    /// directory holding a downloaded export. S3 endpoint: AWS_ENDPOINT_URL_S3, else
+    /// AWS_ENDPOINT_URL, else AWS's (never --endpoint-url, which is DynamoDB's).
     #[arg(long, value_name = "LOCATION")]
     pub from_export: Option<String>,
     /// Export data files read at once.

@@ -1,10 +1,11 @@
 //! Dispatch: each command turns its arguments into options, runs, and prints
-//! its result — as text, or as JSON with `--json`.
+//! its result — as text, or as JSON with `--json`. Notes about how the AWS
+//! endpoints were chosen are printed here, once, on stderr.
 
 use crate::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::aws::Clients;
 use crate::backfill::{self, BackfillOptions};
-use crate::cli::{Cli, Command, InputError, PolicyCommandArg, ReportArgs, exit};
+use crate::cli::{AwsArgs, Cli, Command, InputError, PolicyCommandArg, ReportArgs, exit};
 use crate::control::ControlFile;
 use crate::plan::Plan;
 use crate::progress::{Progress, ProgressMode};
@@ -98,6 +99,18 @@ fn tail_options(
     }
 }
 
+/// The SDK clients; and, once per command, what the operator should know
+/// about the endpoints they use (a note, so `-q` silences it).
+async fn connect(aws: &AwsArgs, quiet: bool) -> anyhow::Result<Clients> {
+    let clients = Clients::connect(&aws.options()).await?;
+    if !quiet {
+        for note in &clients.endpoints.notes {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(clients)
+}
+
 fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(s.max(0.0))
 }
@@ -135,7 +148,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Analyze(a) => {
             let plan = Plan::load(&a.plan)?;
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let rejects = a.rejects.as_deref().map(RejectsFile::open).transpose()?;
             let progress = Progress::new(mode(a.json));
             let settings = ScanSettings {
@@ -164,7 +177,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let plan = Plan::load(&a.plan)?;
             let state_dir = state_dir_of(&a.plan, &a.state);
             let opts = backfill_options(&a.copy, state_dir, undo);
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
@@ -213,7 +226,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 a.exit_when_idle.map(secs),
                 a.write_rate,
             );
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = tail::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
@@ -261,7 +274,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 show_keys: cli.show_keys,
                 max_retries: 10,
             };
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             if plan.mode == crate::plan::Mode::InPlace {
                 let report = crate::inplace::verify::run(&clients, &plan, &opts, &progress).await?;
@@ -345,7 +358,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 exit_when_ready: a.exit_when_ready,
                 state_dir,
             };
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let progress = Progress::new(stream_mode(quiet, a.json));
             let report = lifecycle::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
@@ -371,7 +384,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     state_dir.display()
                 );
             }
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let opts = barrier::DrainOptions {
                 state_dir,
                 timeout: std::time::Duration::from_secs_f64(a.timeout.max(0.0)),
@@ -411,7 +424,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 wait: secs(a.wait),
                 drain_timeout: secs(a.drain_timeout),
             };
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let progress = Progress::new(mode(a.json));
             let report = cutover::cutover(&clients, &plan, &opts, &progress).await?;
             if a.json {
@@ -446,7 +459,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Finish(a) => {
             let plan = Plan::load(&a.plan)?;
             let state_dir = state_dir_of(&a.plan, &a.state);
-            let clients = Clients::connect(&cli.aws.options()).await?;
+            let clients = connect(&cli.aws, quiet).await?;
             let report =
                 cutover::finish(&clients, &plan, &state_dir, secs(a.drain_timeout)).await?;
             if a.json {

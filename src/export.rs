@@ -49,7 +49,9 @@
 //!
 //! # S3 clients for local servers
 //!
-//! The caller builds the S3 client. A local S3 server (moto, MinIO) needs
+//! The caller builds the S3 client and gives it as an [`S3Client`], with the
+//! endpoint it sends to, which S3 errors name (rekey's comes from
+//! [`Clients`](crate::aws::Clients)). A local S3 server (moto, MinIO) needs
 //! path-style addressing, as bucket-named hosts do not resolve on 127.0.0.1:
 //!
 //! ```no_run
@@ -72,15 +74,16 @@
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use aws_sdk_s3::error::ProvideErrorMetadata;
-use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use md5::{Digest as _, Md5};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
+use crate::aws::{Endpoint, error_chain};
 use crate::itemfile::parse_line;
 use crate::value::Item;
 
@@ -90,6 +93,14 @@ pub const SUMMARY_FILE: &str = "manifest-summary.json";
 pub const FILES_MANIFEST: &str = "manifest-files.json";
 /// Chunks of compressed bytes in flight between the S3 body and the decoder.
 const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// An S3 client and the endpoint it sends requests to, so that an S3 error
+/// can say which endpoint failed and where it came from.
+#[derive(Debug, Clone)]
+pub struct S3Client {
+    pub client: aws_sdk_s3::Client,
+    pub endpoint: Arc<Endpoint>,
+}
 
 /// Where an export is: `s3://bucket/prefix` or a local directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,8 +176,12 @@ pub enum ExportError {
          rekey needs a full export; export again with --export-type FULL_EXPORT"
     )]
     Incremental { export_id: String },
-    #[error("not found: {what}")]
-    NotFound { what: String },
+    /// `endpoint` is S3's when the thing was looked for on S3.
+    #[error("not found: {what}{}", on_s3(endpoint))]
+    NotFound {
+        what: String,
+        endpoint: Option<Arc<Endpoint>>,
+    },
     /// A manifest that cannot be used; `line` is 1-based, for JSON-lines files.
     #[error("{file}{}: {msg}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
     Manifest {
@@ -203,13 +218,41 @@ pub enum ExportError {
     Closed { file: String, line: u64 },
     #[error("cannot read {path}: {source}")]
     Io { path: String, source: io::Error },
-    #[error("S3 {action} of s3://{bucket}/{key} failed: {detail}")]
+    /// The request never got an answer: the network, or the endpoint.
+    #[error("cannot reach S3 at {endpoint} ({action} of s3://{bucket}/{key}): {detail}")]
+    S3Unreachable {
+        action: &'static str,
+        bucket: String,
+        key: String,
+        detail: String,
+        endpoint: Arc<Endpoint>,
+    },
+    #[error("S3 {action} of s3://{bucket}/{key} failed: {detail} — S3 at {endpoint}")]
     S3 {
         action: &'static str,
         bucket: String,
         key: String,
         detail: String,
+        endpoint: Arc<Endpoint>,
     },
+}
+
+impl ExportError {
+    /// An S3 call failed (as opposed to the export's content, or a local
+    /// file): the AWS exit code applies.
+    pub fn is_s3_call(&self) -> bool {
+        matches!(
+            self,
+            ExportError::S3 { .. } | ExportError::S3Unreachable { .. }
+        )
+    }
+}
+
+fn on_s3(endpoint: &Option<Arc<Endpoint>>) -> String {
+    match endpoint {
+        Some(e) => format!(" — {} at {e}", e.service),
+        None => String::new(),
+    }
 }
 
 /// One export, as its manifests describe it.
@@ -304,7 +347,7 @@ impl ExportReader {
     /// its manifests. `s3` is required for an S3 location.
     pub async fn open(
         loc: ExportLocation,
-        s3: Option<aws_sdk_s3::Client>,
+        s3: Option<S3Client>,
     ) -> Result<(ExportReader, Manifest), ExportError> {
         Self::open_export(loc, s3, None).await
     }
@@ -313,22 +356,23 @@ impl ExportReader {
     /// (`01234567890123-a1b2c3d4`) or export ARN when `export_id` is given.
     pub async fn open_export(
         loc: ExportLocation,
-        s3: Option<aws_sdk_s3::Client>,
+        s3: Option<S3Client>,
         export_id: Option<&str>,
     ) -> Result<(ExportReader, Manifest), ExportError> {
         let (store, start) = match loc {
             ExportLocation::S3 { bucket, prefix } => {
-                let Some(client) = s3 else {
+                let Some(s3) = s3 else {
                     return Err(ExportError::NoS3Client {
                         location: ExportLocation::S3 { bucket, prefix }.to_string(),
                     });
                 };
-                (Store::S3 { client, bucket }, Loc::S3(prefix))
+                (Store::S3 { s3, bucket }, Loc::S3(prefix))
             }
             ExportLocation::Local(path) => {
                 if !path.is_dir() {
                     return Err(ExportError::NotFound {
                         what: format!("directory {}", path.display()),
+                        endpoint: None,
                     });
                 }
                 (Store::Local, Loc::Local(path))
@@ -386,6 +430,7 @@ impl ExportReader {
         let Some(bytes) = reader.store.read_small(&files_loc).await? else {
             return Err(ExportError::NotFound {
                 what: format!("{files_name} (the export's list of data files)"),
+                endpoint: reader.store.endpoint(),
             });
         };
         let files = reader.parse_files_manifest(&files_name, &bytes)?;
@@ -479,6 +524,7 @@ impl ExportReader {
                         if source.kind() == io::ErrorKind::NotFound {
                             ExportError::NotFound {
                                 what: format!("data file {}", ctx.name),
+                                endpoint: None,
                             }
                         } else {
                             ExportError::Io {
@@ -491,14 +537,15 @@ impl ExportReader {
                 });
                 join_blocking(task).await
             }
-            (Store::S3 { client, bucket }, Loc::S3(key)) => {
-                let resp = client
+            (Store::S3 { s3, bucket }, Loc::S3(key)) => {
+                let resp = s3
+                    .client
                     .get_object()
                     .bucket(bucket)
                     .key(&key)
                     .send()
                     .await
-                    .map_err(|e| s3_error("GetObject", bucket, &key, e))?;
+                    .map_err(|e| s3_error(s3, "GetObject", bucket, &key, e))?;
                 let mut body = resp.body;
                 let (chunk_tx, chunk_rx) = mpsc::channel(CHUNKS_IN_FLIGHT);
                 let pump = async move {
@@ -512,13 +559,14 @@ impl ExportReader {
                                 }
                             }
                             Some(Err(e)) => {
-                                let detail = DisplayErrorContext(&e).to_string();
+                                let detail = error_chain(&e);
                                 let _ = chunk_tx.send(Err(detail.clone())).await;
                                 return Err(ExportError::S3 {
                                     action: "GetObject (reading the body)",
                                     bucket: bucket.clone(),
                                     key: key.clone(),
                                     detail,
+                                    endpoint: s3.endpoint.clone(),
                                 });
                             }
                         }
@@ -691,6 +739,7 @@ async fn find_export(
                     "export {w}: {} is the folder of export {id}",
                     store.show(start)
                 ),
+                endpoint: store.endpoint(),
             });
         }
         return Ok(Chosen {
@@ -721,6 +770,7 @@ async fn find_export(
                     "export {id}: no {} (missing, or the export has not finished)",
                     store.show(&dir.join(SUMMARY_FILE))
                 ),
+                endpoint: store.endpoint(),
             }),
         };
     }
@@ -765,7 +815,10 @@ async fn find_export(
                 unfinished.join(", ")
             ));
         }
-        return Err(ExportError::NotFound { what });
+        return Err(ExportError::NotFound {
+            what,
+            endpoint: store.endpoint(),
+        });
     }
     // Newest first; among equal times, by id, for a stable choice.
     found.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then_with(|| b.id.cmp(&a.id)));
@@ -803,10 +856,7 @@ async fn find_export(
 // ---- storage: S3 or local ----------------------------------------------------
 
 enum Store {
-    S3 {
-        client: aws_sdk_s3::Client,
-        bucket: String,
-    },
+    S3 { s3: S3Client, bucket: String },
     Local,
 }
 
@@ -847,6 +897,14 @@ impl Loc {
 }
 
 impl Store {
+    /// S3's endpoint, for messages about what is not there.
+    fn endpoint(&self) -> Option<Arc<Endpoint>> {
+        match self {
+            Store::S3 { s3, .. } => Some(s3.endpoint.clone()),
+            Store::Local => None,
+        }
+    }
+
     fn show(&self, loc: &Loc) -> String {
         match (self, loc) {
             (Store::S3 { bucket, .. }, Loc::S3(k)) => format!("s3://{bucket}/{k}"),
@@ -858,21 +916,22 @@ impl Store {
     /// A whole (small) file; `None` if it does not exist.
     async fn read_small(&self, loc: &Loc) -> Result<Option<Vec<u8>>, ExportError> {
         match (self, loc) {
-            (Store::S3 { client, bucket }, Loc::S3(key)) => {
-                let resp = match client.get_object().bucket(bucket).key(key).send().await {
+            (Store::S3 { s3, bucket }, Loc::S3(key)) => {
+                let resp = match s3.client.get_object().bucket(bucket).key(key).send().await {
                     Ok(resp) => resp,
                     Err(e) => {
                         if e.code() == Some("NoSuchKey") {
                             return Ok(None);
                         }
-                        return Err(s3_error("GetObject", bucket, key, e));
+                        return Err(s3_error(s3, "GetObject", bucket, key, e));
                     }
                 };
                 let data = resp.body.collect().await.map_err(|e| ExportError::S3 {
                     action: "GetObject (reading the body)",
                     bucket: bucket.clone(),
                     key: key.clone(),
-                    detail: DisplayErrorContext(&e).to_string(),
+                    detail: error_chain(&e),
+                    endpoint: s3.endpoint.clone(),
                 })?;
                 Ok(Some(data.into_bytes().to_vec()))
             }
@@ -891,14 +950,15 @@ impl Store {
     /// Names of the sub-folders of `loc`; none if it does not exist.
     async fn list_dirs(&self, loc: &Loc) -> Result<Vec<String>, ExportError> {
         match (self, loc) {
-            (Store::S3 { client, bucket }, Loc::S3(key)) => {
+            (Store::S3 { s3, bucket }, Loc::S3(key)) => {
                 let prefix = if key.is_empty() {
                     String::new()
                 } else {
                     format!("{key}/")
                 };
                 let mut names = Vec::new();
-                let mut pages = client
+                let mut pages = s3
+                    .client
                     .list_objects_v2()
                     .bucket(bucket)
                     .prefix(&prefix)
@@ -906,7 +966,8 @@ impl Store {
                     .into_paginator()
                     .send();
                 while let Some(page) = pages.next().await {
-                    let page = page.map_err(|e| s3_error("ListObjectsV2", bucket, &prefix, e))?;
+                    let page =
+                        page.map_err(|e| s3_error(s3, "ListObjectsV2", bucket, &prefix, e))?;
                     for cp in page.common_prefixes() {
                         if let Some(name) = cp
                             .prefix()
@@ -944,31 +1005,53 @@ impl Store {
     }
 }
 
-/// An SDK error as an [`ExportError`]: a missing bucket or key is
-/// [`ExportError::NotFound`]; anything else keeps the SDK's whole message.
+/// An SDK error as an [`ExportError`] naming the S3 endpoint: a missing
+/// bucket or key is [`ExportError::NotFound`], no answer at all
+/// [`ExportError::S3Unreachable`]; anything else keeps S3's code and message
+/// (or the error's Display chain, never its Debug dump).
 fn s3_error<E, R>(
+    s3: &S3Client,
     action: &'static str,
     bucket: &str,
     key: &str,
-    err: aws_sdk_s3::error::SdkError<E, R>,
+    err: SdkError<E, R>,
 ) -> ExportError
 where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: fmt::Debug,
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: fmt::Debug + Send + Sync + 'static,
 {
-    match err.code() {
-        Some("NoSuchBucket") => ExportError::NotFound {
-            what: format!("S3 bucket {bucket}"),
-        },
-        Some("NoSuchKey") => ExportError::NotFound {
-            what: format!("s3://{bucket}/{key}"),
-        },
-        _ => ExportError::S3 {
+    let endpoint = s3.endpoint.clone();
+    let (bucket, key) = (bucket.to_string(), key.to_string());
+    if let SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) = &err {
+        return ExportError::S3Unreachable {
             action,
-            bucket: bucket.to_string(),
-            key: key.to_string(),
-            detail: DisplayErrorContext(&err).to_string(),
-        },
+            bucket,
+            key,
+            detail: error_chain(&err),
+            endpoint,
+        };
+    }
+    let what = match err.code() {
+        Some("NoSuchBucket") => format!("S3 bucket {bucket}"),
+        Some("NoSuchKey") => format!("s3://{bucket}/{key}"),
+        code => {
+            let detail = match (code, err.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => code.to_string(),
+                (None, _) => error_chain(&err),
+            };
+            return ExportError::S3 {
+                action,
+                bucket,
+                key,
+                detail,
+                endpoint,
+            };
+        }
+    };
+    ExportError::NotFound {
+        what,
+        endpoint: Some(endpoint),
     }
 }
 

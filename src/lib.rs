@@ -15,8 +15,9 @@
 //! * [`transform`] — one source item → the target item, a reject, or a skip.
 //!
 //! Around it:
-//! * [`aws`] — owns the AWS SDK clients and turns SDK errors into errors that
-//!   name the table, endpoint or IAM action.
+//! * [`aws`] — owns the AWS SDK clients, resolves each one's endpoint
+//!   ([`aws::endpoint`]), and turns SDK errors into errors that name the
+//!   table, the service's endpoint and where it came from, or the IAM action.
 //! * [`scan`] — parallel segmented Scan, page by page, under a [`rate`] budget.
 //! * [`write`] — BatchWriteItem with UnprocessedItems retried.
 //! * [`tail`] — DynamoDB Streams into the target, per-item order across shard

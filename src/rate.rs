@@ -425,11 +425,16 @@ mod tests {
 
     fn throttle(reason: &str) -> AwsError {
         AwsError::Throttled {
-            action: "PutItem".into(),
+            action: "PutItem",
             resource: "t".into(),
             code: "ProvisionedThroughputExceededException".into(),
             detail: String::new(),
             reasons: vec![reason.into()],
+            endpoint: std::sync::Arc::new(crate::aws::Endpoint {
+                service: crate::aws::Service::DynamoDb,
+                url: "http://127.0.0.1:9".into(),
+                source: crate::aws::Source::Flag,
+            }),
         }
     }
 

@@ -511,7 +511,7 @@ pub async fn run(
                              changes were lost and a new backfill is needed"
                         );
                     }
-                    let err = clients.error("GetRecords", &stream, e);
+                    let err = clients.streams_error("GetRecords", &stream, e);
                     if err.is_throttle() || err.is_transient() {
                         tokio::time::sleep(backoff(2, jitter())).await;
                         continue;
@@ -906,7 +906,7 @@ pub(crate) async fn describe_shards(
             .set_exclusive_start_shard_id(start.take())
             .send()
             .await
-            .map_err(|e| clients.error("DescribeStream", stream, e))?;
+            .map_err(|e| clients.streams_error("DescribeStream", stream, e))?;
         let Some(desc) = out.stream_description() else {
             break;
         };
@@ -950,7 +950,7 @@ async fn shard_iterator(
     let out = req
         .send()
         .await
-        .map_err(|e| clients.error("GetShardIterator", stream, e))?;
+        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
     out.shard_iterator()
         .map(str::to_string)
         .context("GetShardIterator returned no iterator")

@@ -486,9 +486,10 @@ pub async fn batch_get(
                 .consistent_read(consistent)
                 .build()
                 .map_err(|e| AwsError::Other {
-                    action: "BatchGetItem".into(),
+                    action: "BatchGetItem",
                     resource: table.into(),
                     detail: e.to_string(),
+                    endpoint: clients.endpoints.dynamodb.clone(),
                 })?;
             let res = clients
                 .dynamodb
@@ -525,11 +526,12 @@ pub async fn batch_get(
                         .unwrap_or_default();
                     if !pending.is_empty() {
                         let e = AwsError::Throttled {
-                            action: "BatchGetItem".into(),
+                            action: "BatchGetItem",
                             resource: table.into(),
                             code: "UnprocessedKeys".into(),
                             detail: format!("{} keys unprocessed", pending.len()),
                             reasons: Vec::new(),
+                            endpoint: clients.endpoints.dynamodb.clone(),
                         };
                         control.read_throttled_retry(&e, attempt).await;
                         attempt = (attempt + 1).min(6);

@@ -147,7 +147,7 @@ impl Watch {
                     if code == "ExpiredIteratorException" && w.seq.is_some() {
                         continue;
                     }
-                    return Err(anyhow::Error::from(self.clients.error(
+                    return Err(anyhow::Error::from(self.clients.streams_error(
                         "GetRecords",
                         &self.stream,
                         e,
@@ -256,7 +256,7 @@ async fn iterator(
         .set_sequence_number(after.map(str::to_string))
         .send()
         .await
-        .map_err(|e| clients.error("GetShardIterator", stream, e))?;
+        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
     out.shard_iterator()
         .map(str::to_string)
         .ok_or_else(|| anyhow::anyhow!("GetShardIterator returned no iterator for {shard}"))

@@ -103,11 +103,12 @@ pub async fn write_batch(
                 if !pending.is_empty() {
                     // Unprocessed items are DynamoDB's quiet way of throttling.
                     let e = AwsError::Throttled {
-                        action: "BatchWriteItem".into(),
+                        action: "BatchWriteItem",
                         resource: table.into(),
                         code: "UnprocessedItems".into(),
                         detail: format!("{} items unprocessed", pending.len()),
                         reasons: Vec::new(),
+                        endpoint: clients.endpoints.dynamodb.clone(),
                     };
                     control.write_throttled(&e, attempt).await;
                     attempt = (attempt + 1).min(6);
@@ -204,9 +205,10 @@ pub async fn put_all(
         .try_fold(0.0, |acc, r| async move {
             if let Some(reason) = r.refused.iter().flatten().next() {
                 return Err(AwsError::Other {
-                    action: "BatchWriteItem".into(),
+                    action: "BatchWriteItem",
                     resource: table.into(),
                     detail: reason.clone(),
+                    endpoint: clients.endpoints.dynamodb.clone(),
                 });
             }
             Ok(acc + r.consumed)

@@ -516,6 +516,13 @@ async fn missing_pieces_are_not_found_with_their_names() {
         matches!(err, ExportError::NotFound { .. }) && err.to_string().contains("no-such-bucket"),
         "{err}"
     );
+    assert!(
+        err.to_string().ends_with(&format!(
+            " — S3 at {} (from the client's configuration)",
+            client.endpoint.url
+        )),
+        "S3's endpoint is named: {err}"
+    );
 
     let err = ExportReader::open(s3("missing", "p"), None)
         .await

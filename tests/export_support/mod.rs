@@ -8,7 +8,8 @@ use std::path::Path;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
-use rekey::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary};
+use rekey::aws::{Endpoint, Service, Source};
+use rekey::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client};
 use rekey::local::{LocalOptions, LocalServer};
 use rekey::value::{Item, Value};
 use tokio::sync::{OnceCell, mpsc};
@@ -52,20 +53,30 @@ pub async fn client_for(endpoint: &str) -> Client {
     Client::from_conf(s3_config)
 }
 
-/// A client for the shared moto, and a new bucket on it.
-pub async fn bucket(name: &str) -> Client {
-    let client = client_for(moto().await.endpoint()).await;
+/// A client for the shared moto (as rekey's export reader takes it), and a
+/// new bucket on it.
+pub async fn bucket(name: &str) -> S3Client {
+    let url = moto().await.endpoint();
+    let client = client_for(url).await;
     client
         .create_bucket()
         .bucket(name)
         .send()
         .await
         .expect("create bucket");
-    client
+    S3Client {
+        client,
+        endpoint: Endpoint {
+            service: Service::S3,
+            url: url.to_string(),
+            source: Source::Client,
+        }
+        .into(),
+    }
 }
 
 /// Uploads every file under `dir` to `bucket` under `prefix` (may be empty).
-pub async fn upload_dir(client: &Client, bucket: &str, prefix: &str, dir: &Path) {
+pub async fn upload_dir(s3: &S3Client, bucket: &str, prefix: &str, dir: &Path) {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).unwrap() {
@@ -85,14 +96,14 @@ pub async fn upload_dir(client: &Client, bucket: &str, prefix: &str, dir: &Path)
             } else {
                 format!("{prefix}/{rel}")
             };
-            client
+            s3.client
                 .put_object()
                 .bucket(bucket)
                 .key(&key)
                 .body(ByteStream::from(std::fs::read(&path).unwrap()))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("upload {key}: {e:?}"));
+                .unwrap_or_else(|e| panic!("upload {key}: {}", rekey::aws::error_chain(&e)));
         }
     }
 }

@@ -180,7 +180,16 @@ pub struct Orders {
 
 impl Orders {
     pub async fn start(seed: Vec<Item>) -> Orders {
-        let env = TestEnv::start().await;
+        Orders::on(TestEnv::start().await, seed).await
+    }
+
+    /// On the local server whatever `REKEY_TEST_ENDPOINT` says: for tests
+    /// of endpoints that are not AWS's.
+    pub async fn start_local(seed: Vec<Item>) -> Orders {
+        Orders::on(TestEnv::start_local().await, seed).await
+    }
+
+    async fn on(env: TestEnv, seed: Vec<Item>) -> Orders {
         let source = env.table_name("src");
         let target = env.table_name("dst");
         env.clients
