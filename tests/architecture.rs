@@ -1,0 +1,527 @@
+//! The architecture invariants of ARCHITECTURE.md, checked against the
+//! sources: which layer may import which, who may call the SDK, print to
+//! stdout or redact, and that no two modules import each other through any
+//! chain. A rule that breaks names the file, the line and the import.
+//!
+//! The sources are read as text: comments and string literals are blanked
+//! first, then every `crate::…` path (in `use` trees too) and every
+//! `super::…` path is resolved to the module it names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The layers: folders under `src/` whose modules are named `layer::module`.
+const LAYERS: [&str; 6] = ["core", "aws", "state", "phase", "ops", "local"];
+
+/// One source file: its module path and its text without comments and strings.
+struct Source {
+    path: PathBuf,
+    module: Vec<String>,
+    code: String,
+}
+
+fn sources() -> Vec<Source> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(&root).unwrap();
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.push(Source {
+                    module: module_of(rel),
+                    code: blank_test_modules(&blank_comments_and_strings(&text)),
+                    path,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// `a/b.rs` → [a, b]; `a/mod.rs` → [a]; `lib.rs`, `main.rs` → [].
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The text with comments, string and char literals replaced by spaces
+/// (newlines kept, so line numbers stay right).
+fn blank_comments_and_strings(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = b.to_vec();
+    let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for c in &mut out[from..to] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                let end = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |p| i + p);
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let (mut depth, mut j) = (1, i + 2);
+                while j < b.len() && depth > 0 {
+                    if b[j] == b'/' && b.get(j + 1) == Some(&b'*') {
+                        depth += 1;
+                        j += 1;
+                    } else if b[j] == b'*' && b.get(j + 1) == Some(&b'/') {
+                        depth -= 1;
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                blank(&mut out, i, j);
+                i = j;
+            }
+            b'r' if is_raw_string_start(b, i) => {
+                let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
+                let body = i + 2 + hashes;
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
+                let end = b[body..]
+                    .windows(close.len())
+                    .position(|w| w == close.as_slice())
+                    .map_or(b.len(), |p| body + p + close.len());
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                blank(&mut out, i, (j + 1).min(b.len()));
+                i = j + 1;
+            }
+            b'\'' => {
+                // A char literal ('x', '\n', '\u{..}'), not a lifetime ('a).
+                let end = if b.get(i + 1) == Some(&b'\\') {
+                    b[i + 2..].iter().position(|&c| c == b'\'').map(|p| i + 3 + p)
+                } else if b.get(i + 2) == Some(&b'\'') {
+                    Some(i + 3)
+                } else {
+                    std::str::from_utf8(&b[i + 1..])
+                        .ok()
+                        .and_then(|rest| rest.chars().next())
+                        .filter(|c| c.len_utf8() > 1)
+                        .and_then(|c| {
+                            let after = i + 1 + c.len_utf8();
+                            (b.get(after) == Some(&b'\'')).then_some(after + 1)
+                        })
+                };
+                match end {
+                    Some(end) => {
+                        blank(&mut out, i, end);
+                        i = end;
+                    }
+                    None => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The code with `#[cfg(test)] mod … { … }` blanked: unit tests may reach
+/// anywhere, and their `super::` is relative to an inline module.
+fn blank_test_modules(code: &str) -> String {
+    let mut out = code.as_bytes().to_vec();
+    let mut from = 0;
+    while let Some(p) = code[from..].find("#[cfg(test)]") {
+        let start = from + p;
+        let after = &code[start + "#[cfg(test)]".len()..];
+        let trimmed = after.trim_start();
+        from = start + 1;
+        if !trimmed.starts_with("mod ") {
+            continue;
+        }
+        let Some(open) = code[start..].find('{').map(|o| start + o) else {
+            break;
+        };
+        let mut depth = 0;
+        let mut end = code.len();
+        for (k, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = open + k + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        for c in &mut out[start..end] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+        from = end;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_raw_string_start(b: &[u8], i: usize) -> bool {
+    let prev_ident = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+    if prev_ident {
+        return false;
+    }
+    let hashes = b[i + 1..].iter().take_while(|&&c| c == b'#').count();
+    b.get(i + 1 + hashes) == Some(&b'"')
+}
+
+/// An import of one module by another, where it is written.
+#[derive(Debug, Clone)]
+struct Import {
+    line: usize,
+    path: Vec<String>,
+}
+
+/// Every path the code names through `crate::` or `super::`, expanded out of
+/// `use` trees, as absolute module paths.
+fn imports(src: &Source) -> Vec<Import> {
+    let code = src.code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        let rest = &src.code[i..];
+        let starts_word = i == 0 || !is_ident(code[i - 1]) && code[i - 1] != b':';
+        let base: Option<(Vec<String>, usize)> = if !starts_word {
+            None
+        } else if rest.starts_with("crate::") {
+            Some((Vec::new(), "crate::".len()))
+        } else if rest.starts_with("super::") {
+            // `super::super::x` climbs once per `super`.
+            let mut m = self_module(src);
+            let mut len = 0;
+            while src.code[i + len..].starts_with("super::") {
+                m.pop();
+                len += "super::".len();
+            }
+            Some((m, len))
+        } else {
+            None
+        };
+        let Some((base, len)) = base else {
+            i += 1;
+            continue;
+        };
+        let line = src.code[..i].matches('\n').count() + 1;
+        let (paths, used) = parse_tree(&src.code[i + len..]);
+        for p in paths {
+            let mut full = base.clone();
+            full.extend(p);
+            out.push(Import { line, path: full });
+        }
+        i += len + used.max(1);
+    }
+    out
+}
+
+/// The module whose items a file's `super::` is relative to: a `mod.rs`
+/// names its own module, so `super` is its parent.
+fn self_module(src: &Source) -> Vec<String> {
+    src.module.clone()
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// Parses `a::b::{c, d::e}` into [[a,b,c],[a,b,d,e]]; returns the bytes used.
+fn parse_tree(s: &str) -> (Vec<Vec<String>>, usize) {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut prefix: Vec<String> = Vec::new();
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if b.get(i) == Some(&b'{') {
+            let mut paths = Vec::new();
+            i += 1;
+            loop {
+                while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b',') {
+                    i += 1;
+                }
+                if i >= b.len() || b[i] == b'}' {
+                    i += 1;
+                    break;
+                }
+                let (sub, used) = parse_tree(&s[i..]);
+                for p in sub {
+                    let mut full = prefix.clone();
+                    full.extend(p);
+                    paths.push(full);
+                }
+                i += used.max(1);
+            }
+            return (paths, i);
+        }
+        let start = i;
+        while i < b.len() && is_ident(b[i]) {
+            i += 1;
+        }
+        if start == i {
+            return (vec![prefix], i);
+        }
+        prefix.push(s[start..i].to_string());
+        if s[i..].starts_with("::") {
+            i += 2;
+        } else {
+            return (vec![prefix], i);
+        }
+    }
+}
+
+/// The unit an import names for the layering rules: `layer::module` inside
+/// a layer folder, else the top-level module.
+fn unit(path: &[String]) -> Option<String> {
+    let first = path.first()?;
+    if LAYERS.contains(&first.as_str()) {
+        match path.get(1) {
+            Some(second) if second.chars().next().is_some_and(char::is_lowercase) => {
+                Some(format!("{first}::{second}"))
+            }
+            _ => Some(first.clone()),
+        }
+    } else {
+        Some(first.clone())
+    }
+}
+
+fn layer(unit: &str) -> &str {
+    unit.split("::").next().unwrap_or(unit)
+}
+
+/// Units that are modules (a file or folder exists for them).
+fn known_units(srcs: &[Source]) -> BTreeSet<String> {
+    srcs.iter().filter_map(|s| unit(&s.module)).collect()
+}
+
+/// (from unit, to unit) → the first place it is written.
+fn edges(srcs: &[Source]) -> BTreeMap<(String, String), String> {
+    let known = known_units(srcs);
+    let mut out = BTreeMap::new();
+    for s in srcs {
+        let Some(from) = unit(&s.module) else {
+            continue; // lib.rs and main.rs wire everything
+        };
+        for imp in imports(s) {
+            let Some(to) = unit(&imp.path) else { continue };
+            if to == from || !known.contains(&to) {
+                continue;
+            }
+            out.entry((from.clone(), to)).or_insert_with(|| {
+                format!(
+                    "{}:{} imports crate::{}",
+                    rel(&s.path),
+                    imp.line,
+                    imp.path.join("::")
+                )
+            });
+        }
+    }
+    out
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(env!("CARGO_MANIFEST_DIR"))
+        .unwrap_or(p)
+        .display()
+        .to_string()
+}
+
+/// Layer rule: `from` layer may import only the layers `allowed` returns.
+fn check_layers(allowed: impl Fn(&str) -> Option<&'static [&'static str]>) -> Vec<String> {
+    let srcs = sources();
+    let mut bad = Vec::new();
+    for ((from, to), at) in edges(&srcs) {
+        let (lf, lt) = (layer(&from), layer(&to));
+        if let Some(ok) = allowed(lf)
+            && lf != lt
+            && !ok.contains(&lt)
+        {
+            bad.push(format!("{from} → {to}: {at}"));
+        }
+    }
+    bad
+}
+
+#[test]
+fn architecture_invariant_core_imports_only_core() {
+    let bad = check_layers(|l| (l == "core").then_some(&[][..]));
+    assert!(bad.is_empty(), "core imports outside core:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn architecture_invariant_phase_never_imports_ops() {
+    let bad = check_layers(|l| {
+        (l == "phase").then_some(&["core", "aws", "state", "local"][..])
+    });
+    assert!(bad.is_empty(), "phase imports:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn architecture_invariant_state_never_imports_phase() {
+    let bad = check_layers(|l| (l == "state").then_some(&["core", "aws"][..]));
+    assert!(bad.is_empty(), "state imports:\n{}", bad.join("\n"));
+}
+
+/// Lines of code outside `layer` that match `pattern` (a plain substring).
+fn uses_outside(layer_dirs: &[&str], patterns: &[&str]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for s in sources() {
+        let inside = s
+            .module
+            .first()
+            .is_some_and(|m| layer_dirs.contains(&m.as_str()));
+        if inside {
+            continue;
+        }
+        for (n, line) in s.code.lines().enumerate() {
+            if let Some(p) = patterns.iter().find(|p| line.contains(*p)) {
+                bad.push(format!("{}:{}: {p}", rel(&s.path), n + 1));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn architecture_invariant_only_aws_calls_the_sdk() {
+    let bad = uses_outside(
+        &["aws"],
+        &["aws_sdk_", "aws_smithy_", "aws_config", ".send()"],
+    );
+    assert!(bad.is_empty(), "SDK use outside aws/:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn architecture_invariant_only_ops_prints_to_stdout_or_redacts() {
+    let bad = uses_outside(&["ops"], &["println!", "print!(", "stdout()", "Redactor"]);
+    assert!(
+        bad.is_empty(),
+        "stdout or redaction outside ops/:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// A cycle in the unit graph, as `a → b → … → a` with where each edge is written.
+fn find_cycle(edges: &BTreeMap<(String, String), String>) -> Option<Vec<String>> {
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        next.entry(from).or_default().push(to);
+    }
+    // Depth-first search with an explicit path; colours: 1 on path, 2 done.
+    let mut colour: BTreeMap<&str, u8> = BTreeMap::new();
+    for &start in next.keys() {
+        if colour.contains_key(start) {
+            continue;
+        }
+        let mut path: Vec<(&str, usize)> = vec![(start, 0)];
+        colour.insert(start, 1);
+        while let Some(&mut (node, ref mut k)) = path.last_mut() {
+            let outs = next.get(node).map(Vec::as_slice).unwrap_or_default();
+            if *k < outs.len() {
+                let to = outs[*k];
+                *k += 1;
+                match colour.get(to) {
+                    Some(1) => {
+                        let from = path.iter().position(|(n, _)| *n == to).unwrap();
+                        let mut cycle: Vec<&str> = path[from..].iter().map(|(n, _)| *n).collect();
+                        cycle.push(to);
+                        return Some(
+                            cycle
+                                .windows(2)
+                                .map(|w| {
+                                    let at = &edges[&(w[0].to_string(), w[1].to_string())];
+                                    format!("{} → {} ({at})", w[0], w[1])
+                                })
+                                .collect(),
+                        );
+                    }
+                    Some(_) => {}
+                    None => {
+                        colour.insert(to, 1);
+                        path.push((to, 0));
+                    }
+                }
+            } else {
+                colour.insert(node, 2);
+                path.pop();
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn architecture_invariant_no_import_cycle() {
+    let srcs = sources();
+    if let Some(cycle) = find_cycle(&edges(&srcs)) {
+        panic!("import cycle:\n{}", cycle.join("\n"));
+    }
+}
+
+#[test]
+fn the_import_reader_sees_use_trees_super_and_skips_strings_and_comments() {
+    let src = Source {
+        path: PathBuf::from("src/phase/tail.rs"),
+        module: vec!["phase".into(), "tail".into()],
+        code: blank_comments_and_strings(
+            "use crate::{core::plan::{Plan, Rule}, aws};\n\
+             // use crate::ops::cli;\n\
+             let s = \"crate::ops::x\"; let r = r#\"crate::ops::y\"#;\n\
+             fn f<'a>(c: char) -> bool { c == '\"' && super::watch::go() }\n\
+             x::crate::not_this;\n",
+        ),
+    };
+    let got: Vec<String> = imports(&src).iter().map(|i| i.path.join("::")).collect();
+    assert_eq!(
+        got,
+        [
+            "core::plan::Plan",
+            "core::plan::Rule",
+            "aws",
+            "phase::watch::go"
+        ]
+    );
+    let mut e = BTreeMap::new();
+    e.insert(("a".to_string(), "b".to_string()), "x".to_string());
+    e.insert(("b".to_string(), "c".to_string()), "y".to_string());
+    assert_eq!(find_cycle(&e), None);
+    e.insert(("c".to_string(), "a".to_string()), "z".to_string());
+    assert_eq!(
+        find_cycle(&e).unwrap(),
+        ["a → b (x)", "b → c (y)", "c → a (z)"]
+    );
+}
