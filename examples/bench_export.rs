@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rekey::export::{DataFile, ExportLine, ExportLocation, ExportReader};
-use rekey::plan::Plan;
-use rekey::transform::{Outcome, transform};
-use rekey::value::{Item, Value};
+use rekey::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader};
+use rekey::core::plan::Plan;
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::{Item, Value};
 use rekey_testkit::export::write_export;
 
 const PLAN: &str = include_str!("../plans/tenant-day-shard.toml");

@@ -64,38 +64,9 @@
 //!   `--show-keys`.
 //! * [`cli`], [`commands`] — arguments, dispatch, exit codes.
 
-pub mod analyze;
 pub mod aws;
-pub mod backfill;
-pub mod barrier;
-pub mod bucket;
-pub mod check;
-pub mod claims;
-pub mod cli;
-pub mod commands;
-pub mod control;
-pub mod cutover;
-pub mod demo;
-pub mod export;
-pub mod hash;
-pub mod iam;
-pub mod inplace;
-pub mod itemfile;
-pub mod lifecycle;
+pub mod core;
 pub mod local;
-pub mod plan;
-pub mod progress;
-pub mod rate;
-pub mod redact;
-pub mod rejects;
-pub mod scan;
-pub mod spill;
+pub mod ops;
+pub mod phase;
 pub mod state;
-pub mod status;
-pub mod tail;
-pub mod template;
-pub mod transform;
-pub mod value;
-pub mod verify;
-pub mod watch;
-pub mod write;

@@ -1,7 +1,7 @@
 //! The `rekey` binary: parse arguments, run the command, print any error once.
 
 use clap::Parser as _;
-use rekey::cli::{Cli, exit, exit_code};
+use rekey::ops::cli::{Cli, exit, exit_code};
 
 fn main() {
     let cli = Cli::parse();
@@ -12,7 +12,7 @@ fn main() {
             std::process::exit(exit::FAILURE);
         }
     };
-    match runtime.block_on(rekey::commands::run(cli)) {
+    match runtime.block_on(rekey::ops::commands::run(cli)) {
         Ok(code) => std::process::exit(code),
         Err(err) => {
             eprintln!("error: {err:#}");

@@ -6,10 +6,10 @@ mod support;
 
 use std::collections::{HashMap, HashSet};
 
-use rekey::plan::{KeyAttr, KeySchema, Plan};
-use rekey::redact::{PlanRedactor, Redactor};
-use rekey::transform::{Outcome, transform};
-use rekey::value::{Item, ScalarType};
+use rekey::core::plan::{KeyAttr, KeySchema, Plan};
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::{Item, ScalarType};
+use rekey::ops::redact::{PlanRedactor, Redactor};
 use serde_json::Value as Json;
 use support::*;
 
@@ -51,7 +51,10 @@ fn order(t: &str, id: usize, status: Option<&str>) -> Item {
     if let Some(st) = status {
         i.insert("status".into(), s(st));
     }
-    i.insert("total".into(), rekey::value::Value::N(format!("{id}.5")));
+    i.insert(
+        "total".into(),
+        rekey::core::value::Value::N(format!("{id}.5")),
+    );
     i
 }
 
@@ -148,7 +151,7 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
     assert_eq!(r["collisions"]["source_items"], 6);
     assert_eq!(r["old"]["cardinality"], 1 + 40 + 3 + 9);
     // Keys are redacted by default: the plan's shape stays, captured values are hashed.
-    let tok = rekey::redact::token;
+    let tok = rekey::ops::redact::token;
     assert_eq!(
         r["old"]["hottest_by_items"][0]["key"],
         format!("T#{}#D#{}", tok("big"), tok("2026-07-07"))

@@ -121,7 +121,10 @@ fn blank_comments_and_strings(text: &str) -> String {
             b'\'' => {
                 // A char literal ('x', '\n', '\u{..}'), not a lifetime ('a).
                 let end = if b.get(i + 1) == Some(&b'\\') {
-                    b[i + 2..].iter().position(|&c| c == b'\'').map(|p| i + 3 + p)
+                    b[i + 2..]
+                        .iter()
+                        .position(|&c| c == b'\'')
+                        .map(|p| i + 3 + p)
                 } else if b.get(i + 2) == Some(&b'\'') {
                     Some(i + 3)
                 } else {
@@ -379,14 +382,16 @@ fn check_layers(allowed: impl Fn(&str) -> Option<&'static [&'static str]>) -> Ve
 #[test]
 fn architecture_invariant_core_imports_only_core() {
     let bad = check_layers(|l| (l == "core").then_some(&[][..]));
-    assert!(bad.is_empty(), "core imports outside core:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "core imports outside core:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]
 fn architecture_invariant_phase_never_imports_ops() {
-    let bad = check_layers(|l| {
-        (l == "phase").then_some(&["core", "aws", "state", "local"][..])
-    });
+    let bad = check_layers(|l| (l == "phase").then_some(&["core", "aws", "state", "local"][..]));
     assert!(bad.is_empty(), "phase imports:\n{}", bad.join("\n"));
 }
 
@@ -408,12 +413,22 @@ fn uses_outside(layer_dirs: &[&str], patterns: &[&str]) -> Vec<String> {
             continue;
         }
         for (n, line) in s.code.lines().enumerate() {
-            if let Some(p) = patterns.iter().find(|p| line.contains(*p)) {
+            if let Some(p) = patterns.iter().find(|p| contains_word(line, p)) {
                 bad.push(format!("{}:{}: {p}", rel(&s.path), n + 1));
             }
         }
     }
     bad
+}
+
+/// `pattern` in `line`, not as the tail of a longer name (`eprintln!` is
+/// not `println!`).
+fn contains_word(line: &str, pattern: &str) -> bool {
+    line.match_indices(pattern).any(|(i, _)| {
+        let before = line[..i].chars().next_back();
+        !pattern.starts_with(|c: char| c.is_alphanumeric())
+            || !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
 }
 
 #[test]

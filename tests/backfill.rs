@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use rekey::plan::Plan;
-use rekey::value::{Item, Value};
+use rekey::core::plan::Plan;
+use rekey::core::value::{Item, Value};
 use serde_json::Value as Json;
 use support::*;
 
@@ -120,13 +120,13 @@ async fn assert_exact(s: &Setup) {
     let source_now = s.env.scan_all(&s.source).await;
     let expected = expected_target(&s.plan, &source_now);
     let actual = s.env.table_map(&s.target, &["PK", "SK"]).await;
-    let collide = |k: &Vec<u8>| rekey::value::decode_key(k)[0] == "C";
+    let collide = |k: &Vec<u8>| rekey::core::value::decode_key(k)[0] == "C";
     let exp: Vec<_> = expected.iter().filter(|(k, _)| !collide(k)).collect();
     let act: Vec<_> = actual.iter().filter(|(k, _)| !collide(k)).collect();
     assert_eq!(act.len(), exp.len(), "item count");
     for ((ka, va), (ke, ve)) in act.iter().zip(&exp) {
         assert_eq!(ka, ke, "keys");
-        assert_eq!(va, ve, "item {:?}", rekey::value::decode_key(ka));
+        assert_eq!(va, ve, "item {:?}", rekey::core::value::decode_key(ka));
     }
     let winners: Vec<_> = actual.iter().filter(|(k, _)| collide(k)).collect();
     assert_eq!(winners.len(), 5, "one winner per colliding target key");
@@ -257,7 +257,7 @@ async fn kill_9_at_random_points_then_rerun_converges_without_starting_over() {
 fn committed_scanned(s: &Setup) -> u64 {
     let store = rekey::state::StateStore::open(&s.state, &s.plan).expect("state store");
     store
-        .get::<rekey::backfill::Counters>("backfill/counters")
+        .get::<rekey::phase::backfill::Counters>("backfill/counters")
         .unwrap()
         .map_or(0, |c| c.scanned)
 }

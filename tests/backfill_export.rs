@@ -8,8 +8,8 @@ mod support;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use rekey::plan::Plan;
-use rekey::value::{Item, encode_key};
+use rekey::core::plan::Plan;
+use rekey::core::value::{Item, encode_key};
 use rekey_testkit::export::write_export;
 use serde_json::Value as Json;
 use support::*;
@@ -67,7 +67,7 @@ fn export_with_a_bad_line(dir: &std::path::Path, items: &[Item]) -> Item {
         }
     });
     let text = lost.into_inner().expect("file 1 has a line 7");
-    rekey::itemfile::parse_line(&text).unwrap()
+    rekey::state::itemfile::parse_line(&text).unwrap()
 }
 
 /// The source of the test: a source table is still needed (its key schema is
@@ -103,7 +103,7 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
     let mut items = orders(2400);
     // A number DynamoDB refuses (magnitude over 10^125): the batch fails
     // validation, the item is isolated and rejected, the rest of its batch lands.
-    items[100].insert("v".into(), rekey::value::Value::N("1E+200".into()));
+    items[100].insert("v".into(), rekey::core::value::Value::N("1E+200".into()));
     let refused = items[100].clone();
     let dir = env.dir.path().join("export");
     let lost = export_with_a_bad_line(&dir, &items);

@@ -5,8 +5,8 @@
 
 mod support;
 
-use rekey::plan::Plan;
-use rekey::value::Item;
+use rekey::core::plan::Plan;
+use rekey::core::value::Item;
 use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions};
 use serde_json::Value as Json;
 use support::*;

@@ -90,7 +90,7 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    let shard = rekey::hash::shard(rekey::hash::HashFn::Fnv1a32, "o-1", 16);
+    let shard = rekey::core::hash::shard(rekey::core::hash::HashFn::Fnv1a32, "o-1", 16);
     assert!(
         text.contains(&format!("TENANT#acme#DAY#2026-07-07#SHARD#{shard:02}")),
         "{text}"
@@ -117,7 +117,7 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    let tok = rekey::redact::token;
+    let tok = rekey::ops::redact::token;
     assert!(
         text.contains(&format!(
             "TENANT#{}#DAY#{}#SHARD#{shard:02}",

@@ -4,7 +4,7 @@
 mod export_support;
 
 use export_support::*;
-use rekey::export::{ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms};
+use rekey::aws::export::{ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms};
 use rekey_testkit::export::write_export;
 
 const T0: i64 = 1_767_225_600_123; // 2026-01-01T00:00:00.123Z
@@ -17,7 +17,7 @@ fn s3(bucket: &str, prefix: &str) -> ExportLocation {
 async fn check_reads_back(
     reader: &ExportReader,
     manifest: &Manifest,
-    all: &[rekey::value::Item],
+    all: &[rekey::core::value::Item],
     files: usize,
 ) {
     assert_eq!(manifest.files.len(), files);
@@ -632,7 +632,7 @@ async fn a_dropped_receiver_stops_the_read() {
     let (reader, m) = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
         .await
         .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<rekey::export::ExportLine>(4);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<rekey::aws::export::ExportLine>(4);
     let first_two = async move {
         let a = rx.recv().await.unwrap();
         let b = rx.recv().await.unwrap();

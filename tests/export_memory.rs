@@ -6,8 +6,8 @@ mod export_support;
 use std::time::Instant;
 
 use export_support::*;
-use rekey::export::{ExportLine, ExportLocation, ExportReader};
-use rekey::value::{Item, Value};
+use rekey::aws::export::{ExportLine, ExportLocation, ExportReader};
+use rekey::core::value::{Item, Value};
 use rekey_testkit::export::write_export;
 
 const ITEMS: u64 = 200_000;
@@ -36,7 +36,10 @@ fn reset_peak() -> bool {
 
 /// Streams the file, counting lines without keeping them; returns
 /// (lines, peak RSS growth in KiB).
-async fn stream_count(reader: &ExportReader, manifest: &rekey::export::Manifest) -> (u64, u64) {
+async fn stream_count(
+    reader: &ExportReader,
+    manifest: &rekey::aws::export::Manifest,
+) -> (u64, u64) {
     let before = status_kb("VmRSS:");
     let reset = reset_peak();
     let base = if reset { before } else { status_kb("VmHWM:") };

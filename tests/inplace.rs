@@ -16,10 +16,10 @@ use aws_sdk_dynamodb::types::{
     KeyType, Projection, ProjectionType, ScalarAttributeType, Select, StreamSpecification,
     StreamViewType,
 };
-use rekey::inplace::check_item;
-use rekey::plan::Plan;
-use rekey::transform::{Outcome, transform};
-use rekey::value::{Item, Value};
+use rekey::core::plan::Plan;
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::{Item, Value};
+use rekey::phase::inplace::check_item;
 use support::*;
 
 const STATUSES: [&str; 3] = ["OPEN", "WAITING", "DONE"];
@@ -351,7 +351,10 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
                 .send()
                 .await
                 .unwrap();
-            touched.insert(rekey::value::encode_key(&t, &["PK", "SK"]).unwrap(), v);
+            touched.insert(
+                rekey::core::value::encode_key(&t, &["PK", "SK"]).unwrap(),
+                v,
+            );
         }
         touched
     };
@@ -395,7 +398,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
         assert_eq!(after.get(k), Some(&expected));
     }
     for (id, v) in &own {
-        let k = rekey::value::encode_key(&task(*id, "OPEN"), &["PK", "SK"]).unwrap();
+        let k = rekey::core::value::encode_key(&task(*id, "OPEN"), &["PK", "SK"]).unwrap();
         assert_eq!(
             after[&k].get("GSI2SK"),
             Some(&Value::S(v.clone())),
@@ -514,8 +517,8 @@ async fn in_place_backfill_resumes_after_kill_9() {
 /// deleted; a write that is no longer needed is not made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_decision_is_recomputed_and_a_deleted_item_stays_deleted() {
-    use rekey::inplace::{Applied, Decision, Direction, apply, plan_update};
-    use rekey::rate::Control;
+    use rekey::aws::rate::Control;
+    use rekey::phase::inplace::{Applied, Decision, Direction, apply, plan_update};
     let env = TestEnv::start().await;
     let table = env.table_name("tasks");
     create_tasks_table(&env, &table).await;
@@ -524,7 +527,7 @@ async fn a_stale_decision_is_recomputed_and_a_deleted_item_stays_deleted() {
         .replace("table = \"tasks\"", &format!("table = \"{table}\""));
     let plan = Plan::parse(&text, std::path::Path::new("plan.toml")).unwrap();
     let control = Control::new(None, None);
-    let key = |t: &Item| rekey::value::encode_key(t, &["PK", "SK"]).unwrap();
+    let key = |t: &Item| rekey::core::value::encode_key(t, &["PK", "SK"]).unwrap();
 
     // Read as OPEN; the application makes it DONE before rekey writes.
     let read = task(1, "OPEN");

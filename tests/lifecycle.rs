@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use rekey::value::{Item, Value};
+use rekey::core::value::{Item, Value};
 use support::app::*;
 use support::*;
 

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use rekey::value::Item;
+use rekey::core::value::Item;
 use support::app::*;
 use support::*;
 
@@ -218,14 +218,14 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
             .scan_all(&source)
             .await
             .into_iter()
-            .filter(|i| matches!(&i["PK"], rekey::value::Value::S(s) if low(s)))
+            .filter(|i| matches!(&i["PK"], rekey::core::value::Value::S(s) if low(s)))
             .collect();
         let expected = expected_target(&plan, &source_now);
         let actual: std::collections::BTreeMap<_, _> = env
             .table_map(&target, &["PK", "SK"])
             .await
             .into_iter()
-            .filter(|(_, v)| matches!(&v["SK"], rekey::value::Value::S(s) if low(s)))
+            .filter(|(_, v)| matches!(&v["SK"], rekey::core::value::Value::S(s) if low(s)))
             .collect();
         assert_eq!(
             actual.len(),

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use rekey::plan::{KeyAttr, KeySchema, Plan};
-use rekey::value::{Item, ScalarType};
+use rekey::core::plan::{KeyAttr, KeySchema, Plan};
+use rekey::core::value::{Item, ScalarType};
 use serde_json::{Value as Json, json};
 use support::*;
 
@@ -224,7 +224,7 @@ async fn setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf, std::path::P
     let state = env.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     // No backfill in these tests: the tail applies as it reads.
-    rekey::tail::mark_backfill_done(&state).unwrap();
+    rekey::phase::tail::mark_backfill_done(&state).unwrap();
     (
         target,
         Plan::parse(&text, &plan_path).unwrap(),
@@ -343,7 +343,7 @@ async fn children_after_parents_across_a_split_with_an_expired_iterator() {
         "lineage order: {:?}",
         actual
             .keys()
-            .map(|k| rekey::value::decode_key(k))
+            .map(|k| rekey::core::value::decode_key(k))
             .collect::<Vec<_>>()
     );
     assert!(

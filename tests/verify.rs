@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{SecondsFormat, Utc};
-use rekey::plan::Plan;
-use rekey::transform::{Outcome, transform};
-use rekey::value::Item;
+use rekey::core::plan::Plan;
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::Item;
 use serde_json::Value as Json;
 use support::*;
 
@@ -273,7 +273,7 @@ async fn corruptions_are_found_and_repaired(prefix: bool) {
     let text = all_output(&out);
     assert!(text.contains("‹") && text.contains("DIFFERENCES"), "{text}");
     // Keys are shown as everywhere: the plan's shapes readable, values hashed.
-    let tok = rekey::redact::token;
+    let tok = rekey::ops::redact::token;
     assert!(text.contains(&format!("O#{}", tok("000010"))), "{text}");
     for secret in secrets {
         assert!(!text.contains(secret), "plain output shows a key: {text}");
@@ -453,7 +453,7 @@ async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
 
     // The application updates a source item; the (fake) tail has not applied it yet.
     let mut a = order(30);
-    a.insert("total".into(), rekey::value::Value::N("999".into()));
+    a.insert("total".into(), rekey::core::value::Value::N("999".into()));
     s.env.put(&s.source, std::slice::from_ref(&a)).await;
     // Drift the tail will never fix: the target changed behind rekey's back.
     let b = s.target_key(&order(40));
@@ -525,7 +525,7 @@ async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
     use support::app::{Orders, order, seed};
     let o = Orders::start(seed(3)).await;
     let c = &o.env.clients;
-    let mut watch = rekey::watch::Watch::start(c, &o.plan)
+    let mut watch = rekey::phase::watch::Watch::start(c, &o.plan)
         .await
         .unwrap()
         .expect("the source has a stream");
@@ -557,7 +557,7 @@ async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
                 panic!("{w:?} maps")
             };
             let key: Item = [("PK".to_string(), w["PK"].clone())].into();
-            (rekey::value::encode_key(&item, &tnames).unwrap(), key)
+            (rekey::core::value::encode_key(&item, &tnames).unwrap(), key)
         })
         .collect();
     let deleted: Item = [("PK".to_string(), s("O#1"))].into();
@@ -592,7 +592,7 @@ async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
     assert!(out.status.success(), "backfill: {}", stderr(&out));
     let mut tail = o.env.spawn(&["-q", "tail", plan, "--state-dir", state]);
     // Without a tail status verify assumes writes have stopped: wait for one.
-    let status = rekey::tail::status_path(&o.state);
+    let status = rekey::phase::tail::status_path(&o.state);
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(&status).is_ok_and(|t| t.contains("applied_through\": \"")) {
         assert!(

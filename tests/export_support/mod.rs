@@ -8,10 +8,10 @@ use std::path::Path;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
+use rekey::aws::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client};
 use rekey::aws::{Endpoint, Service, Source};
-use rekey::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client};
+use rekey::core::value::{Item, Value};
 use rekey::local::{LocalOptions, LocalServer};
-use rekey::value::{Item, Value};
 use tokio::sync::{OnceCell, mpsc};
 
 pub const TABLE_ARN: &str = "arn:aws:dynamodb:us-east-1:123456789012:table/Orders";

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use rekey::plan::{KeyAttr, KeySchema};
-use rekey::value::{Item, ScalarType};
+use rekey::core::plan::{KeyAttr, KeySchema};
+use rekey::core::value::{Item, ScalarType};
 
 use std::path::PathBuf;
 
-use rekey::plan::Plan;
+use rekey::core::plan::Plan;
 
 use super::{Rng, TestEnv, item};
 

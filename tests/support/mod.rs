@@ -23,9 +23,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rekey::aws::{AwsOptions, Clients};
+use rekey::core::plan::KeySchema;
+use rekey::core::value::Item;
 use rekey::local::{LocalOptions, LocalServer};
-use rekey::plan::KeySchema;
-use rekey::value::Item;
 use rekey_testkit::proxy::{Proxy, ProxyOptions};
 
 /// Names the endpoint the integration tests run against instead of a local server.
@@ -152,7 +152,7 @@ impl TestEnv {
     }
 
     pub async fn put(&self, table: &str, items: &[Item]) {
-        rekey::write::put_all(&self.clients, table, items, 4)
+        rekey::aws::write::put_all(&self.clients, table, items, 4)
             .await
             .unwrap_or_else(|e| panic!("put into {table}: {e}"));
     }
@@ -297,8 +297,8 @@ pub fn item(json: &str) -> Item {
     serde_json::from_str(json).unwrap_or_else(|e| panic!("bad test item {json}: {e}"))
 }
 
-pub fn s(text: &str) -> rekey::value::Value {
-    rekey::value::Value::S(text.to_string())
+pub fn s(text: &str) -> rekey::core::value::Value {
+    rekey::core::value::Value::S(text.to_string())
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -346,7 +346,7 @@ impl TestEnv {
             .into_iter()
             .map(|i| {
                 (
-                    rekey::value::encode_key(&i, key).expect("key attributes"),
+                    rekey::core::value::encode_key(&i, key).expect("key attributes"),
                     i,
                 )
             })
@@ -356,15 +356,15 @@ impl TestEnv {
 
 /// What the target must hold: transform(source), keyed by target key.
 pub fn expected_target(
-    plan: &rekey::plan::Plan,
+    plan: &rekey::core::plan::Plan,
     source: &[Item],
 ) -> std::collections::BTreeMap<Vec<u8>, Item> {
     let names = plan.target_key.names();
     source
         .iter()
-        .filter_map(|i| match rekey::transform::transform(plan, i) {
-            rekey::transform::Outcome::Put { item, .. } => {
-                Some((rekey::value::encode_key(&item, &names).unwrap(), item))
+        .filter_map(|i| match rekey::core::transform::transform(plan, i) {
+            rekey::core::transform::Outcome::Put { item, .. } => {
+                Some((rekey::core::value::encode_key(&item, &names).unwrap(), item))
             }
             _ => None,
         })
@@ -376,7 +376,7 @@ pub fn expected_target(
 /// compared independently of rekey's own verify.
 pub async fn target_vs_transform(
     env: &TestEnv,
-    plan: &rekey::plan::Plan,
+    plan: &rekey::core::plan::Plan,
     source: &str,
     target: &str,
 ) -> (usize, usize, usize) {
@@ -457,8 +457,8 @@ pub async fn wait_for_progress(state_dir: &Path, timeout: std::time::Duration) {
 
 /// The key schema most tests use: `PK` (S) and `SK` (S).
 pub fn pk_sk() -> KeySchema {
-    use rekey::plan::KeyAttr;
-    use rekey::value::ScalarType;
+    use rekey::core::plan::KeyAttr;
+    use rekey::core::value::ScalarType;
     KeySchema {
         partition_key: KeyAttr {
             name: "PK".into(),

@@ -1,5 +1,5 @@
 //! Writes DynamoDB S3 exports for tests and benchmarks: the layout, manifests
-//! and data files `rekey::export::ExportReader` reads, as DynamoDB writes them.
+//! and data files `rekey::aws::export::ExportReader` reads, as DynamoDB writes them.
 
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -7,10 +7,10 @@ use std::path::Path;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use md5::{Digest as _, Md5};
-use rekey::export::{
+use rekey::aws::export::{
     DataFile, EXPORTS_DIR, FILES_MANIFEST, Manifest, SUMMARY_FILE, format_rfc3339_ms, to_hex,
 };
-use rekey::value::Item;
+use rekey::core::value::Item;
 
 /// Writes a valid full export of `items` into `dir` in the local layout
 /// (`dir/AWSDynamoDB/<export_id>/…`, as if exported with no prefix to bucket

@@ -52,7 +52,7 @@ use serde_json::{Map, Value as Json, json};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
-use rekey::value::{self, Item, Value};
+use rekey::core::value::{self, Item, Value};
 
 const TARGET_PREFIX: &str = "DynamoDB_20120810.";
 const JSON_TYPE: &str = "application/x-amz-json-1.0";
@@ -984,7 +984,7 @@ mod capacity {
     use serde::Deserialize;
     use serde_json::{Map, Value as Json, json};
 
-    use rekey::value::{self, Item};
+    use rekey::core::value::{self, Item};
 
     /// `Some(with_indexes)` when the request asks for ConsumedCapacity on an
     /// operation the proxy knows how to charge.

@@ -1,0 +1,13 @@
+//! The pure core: the item model, the functions plans use (`shard()`'s
+//! hashes, time buckets), key templates, plans and the transform. No I/O, no
+//! clock, no randomness: everything here is a plain function of its inputs,
+//! tested as such.
+//!
+//! Architecture invariant: `core` imports only `core` (tests/architecture.rs).
+
+pub mod bucket;
+pub mod hash;
+pub mod plan;
+pub mod template;
+pub mod transform;
+pub mod value;

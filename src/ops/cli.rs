@@ -1,0 +1,459 @@
+//! Command-line arguments (clap) and the mapping from errors to exit codes.
+//!
+//! Arguments are low-level; each command turns them into the options struct
+//! of the module that does the work, so no module sees clap.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::aws::export::ExportError;
+use crate::aws::rate::Rate;
+use crate::aws::{AwsError, AwsOptions};
+use crate::core::plan::PlanErrors;
+
+/// Exit codes, documented in the README.
+pub mod exit {
+    pub const OK: i32 = 0;
+    /// Anything not listed below.
+    pub const FAILURE: i32 = 1;
+    /// Bad input: a malformed plan, sample file or argument.
+    pub const BAD_INPUT: i32 = 2;
+    /// A gate was not met in time: the drain barrier (and later cutover's gates).
+    pub const GATE: i32 = 3;
+    /// `verify` found differences, or could not settle some (the tail is behind).
+    pub const DIFFERENCES: i32 = 4;
+    /// An AWS call failed: unreachable endpoint, missing table, missing permission.
+    pub const AWS: i32 = 5;
+}
+
+/// Bad input other than the plan: a sample file, an argument combination.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InputError(pub String);
+
+/// A gate that must hold before going on did not (exit 3).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GateNotMet(pub String);
+
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    for cause in err.chain() {
+        if cause.is::<GateNotMet>() {
+            return exit::GATE;
+        }
+        if cause.is::<PlanErrors>() || cause.is::<InputError>() {
+            return exit::BAD_INPUT;
+        }
+        if cause.is::<AwsError>()
+            || cause
+                .downcast_ref::<ExportError>()
+                .is_some_and(ExportError::is_s3_call)
+        {
+            return exit::AWS;
+        }
+    }
+    exit::FAILURE
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rekey",
+    version,
+    about = "Re-key live DynamoDB tables online",
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub aws: AwsArgs,
+    /// No progress output on stderr.
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    /// Show key values in terminal and --json output (default: a stable hash, ‹3f9a1c2e›).
+    /// Files in the state directory always hold the real values.
+    #[arg(long, global = true)]
+    pub show_keys: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct AwsArgs {
+    /// DynamoDB endpoint (otherwise AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, or AWS's);
+    /// a local one serves Streams too, unless AWS_ENDPOINT_URL_DYNAMODB_STREAMS is set.
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// AWS region (otherwise AWS_REGION or the profile's).
+    #[arg(long, global = true)]
+    pub region: Option<String>,
+    /// Named profile from the shared AWS config files.
+    #[arg(long, global = true)]
+    pub profile: Option<String>,
+}
+
+impl AwsArgs {
+    pub fn options(&self) -> AwsOptions {
+        AwsOptions {
+            endpoint_url: self.endpoint_url.clone(),
+            region: self.region.clone(),
+            profile: self.profile.clone(),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a plan; with --sample, show each sample item before and after.
+    Check(CheckArgs),
+    /// Dry run on the source table: unmatched items, collisions, old vs new key distribution.
+    Analyze(AnalyzeArgs),
+    /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
+    Backfill(BackfillArgs),
+    /// The whole lifecycle: analyze gate, tail, backfill, catch-up, verify, ready for cutover;
+    /// then keeps tailing until `rekey finish`. Resumable in any phase.
+    Run(RunArgs),
+    /// In place only: remove the attributes the plan added, where they still hold
+    /// the plan's value (checkpointed and resumable like backfill). Stop the tail first.
+    Undo(BackfillArgs),
+    /// Keep the target current from the source table's stream (buffered until the backfill is done).
+    Tail(TailArgs),
+    /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).
+    Verify(VerifyArgs),
+    /// Prove the tail has applied every source write made before now: write a
+    /// marker item into the source and wait until the running tail reports it.
+    Drain(DrainArgs),
+    /// Switch on evidence: check the gates, wait while the postpone file exists,
+    /// drain, record the cutover and print the next steps.
+    Cutover(CutoverArgs),
+    /// After the application has switched: drain once more, record the end, stop the tail.
+    Finish(FinishArgs),
+    /// The migration's phase and progress, from what its processes publish (works while they run).
+    Status(StatusArgs),
+    /// Pause, resume or change the rates of a running backfill (through its state directory).
+    Control(ControlArgs),
+    /// Start DynamoDB Local, load a skewed table, and analyze it with a sample plan.
+    Demo(DemoArgs),
+    /// Print the least-privilege IAM policy (JSON) the plan's commands need.
+    IamPolicy(IamPolicyArgs),
+}
+
+/// `iam-policy --command`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PolicyCommandArg {
+    Analyze,
+    Backfill,
+    Tail,
+    Verify,
+    Drain,
+    Cutover,
+    /// backfill, tail, verify, drain and cutover.
+    All,
+}
+
+#[derive(Debug, Args)]
+pub struct IamPolicyArgs {
+    pub plan: PathBuf,
+    /// The commands to cover (repeatable).
+    #[arg(long, value_enum, default_value = "all")]
+    pub command: Vec<PolicyCommandArg>,
+    /// The backfill reads this export (s3://bucket/prefix, or a local directory) instead of scanning.
+    #[arg(long, value_name = "LOCATION")]
+    pub export: Option<String>,
+    /// AWS account id for the ARNs (default: `*`). The region comes from --region (default: `*`).
+    #[arg(long, value_name = "ID")]
+    pub account: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// Where checkpoints live (default: .rekey/<plan file stem>).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BackfillArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How the backfill copies: shared by `backfill` and `run`.
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    /// Write budget for the target: WCU per second, or a share of its provisioned write capacity (25%).
+    #[arg(long, value_name = "WCU|N%", default_value = "1000")]
+    pub write_rate: Rate,
+    /// Write limit for any one target partition-key value, WCU per second (a partition takes 1,000).
+    #[arg(long, value_name = "WCU", default_value_t = 300)]
+    pub key_write_rate: u32,
+    /// Writes in flight at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Rejected items, with reasons, as JSON lines (default: <state dir>/rejects.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
+    /// Read a DynamoDB S3 export instead of scanning: s3://bucket/prefix, or a local
+    /// directory holding a downloaded export. S3 endpoint: AWS_ENDPOINT_URL_S3, else
+    /// AWS_ENDPOINT_URL, else AWS's (never --endpoint-url, which is DynamoDB's).
+    #[arg(long, value_name = "LOCATION")]
+    pub from_export: Option<String>,
+    /// Export data files read at once.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub export_parallel: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    /// Skip the analyze gate (a full Scan that refuses a plan whose new keys would still be hot).
+    #[arg(long)]
+    pub skip_analyze: bool,
+    /// Go on although analyze predicts new keys over the per-partition limit.
+    #[arg(long)]
+    pub allow_hot_keys: bool,
+    /// Application writes per second the analyze gate assumes for its load estimate.
+    #[arg(long, value_name = "WRITES", default_value_t = 1000.0)]
+    pub app_write_rate: f64,
+    /// Give up on the catch-up drain barrier after this long (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub drain_timeout: f64,
+    /// How long verify's re-check of a difference waits for the tail.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub recheck_timeout: f64,
+    /// Exit once ready for cutover instead of tailing until `rekey finish`.
+    #[arg(long)]
+    pub exit_when_ready: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Write budget for the target, WCU per second (default: unlimited).
+    #[arg(long, value_name = "WCU")]
+    pub write_rate: Option<f64>,
+    /// Catch-up mode: exit once the backfill is done, the buffer applied, and
+    /// no record has arrived for this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub exit_when_idle: Option<f64>,
+    /// Rejected items (default: <state dir>/tail-rejects.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Read budget for the target: RCU per second, or a share of its provisioned read capacity. Default: unlimited.
+    #[arg(long, value_name = "RCU|N%")]
+    pub target_read_rate: Option<Rate>,
+    /// How long a re-check waits for the tail to apply past a difference, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub recheck_timeout: f64,
+    /// Discard an unfinished verify and start a new one.
+    #[arg(long)]
+    pub restart: bool,
+    /// Rewrite missing and different items, delete orphans, then re-verify those keys.
+    #[arg(long)]
+    pub repair: bool,
+    /// Write budget for --repair, WCU per second.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Verify a random P% of source items (the same ones every run), forward only.
+    #[arg(long, value_name = "P")]
+    pub sample: Option<f64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Give up (exit 3) after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CutoverArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Largest acceptable tail lag, seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5.0)]
+    pub max_lag: f64,
+    /// Oldest acceptable clean verify, seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600.0)]
+    pub max_verify_age: f64,
+    /// Cut over even though rejects files are not empty.
+    #[arg(long)]
+    pub accept_rejects: bool,
+    /// Wait while this file exists (default: <state dir>/postpone).
+    #[arg(long, value_name = "FILE")]
+    pub postpone_file: Option<PathBuf>,
+    /// Keep re-checking gates that are not met for this long before exiting 3.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    pub wait: f64,
+    /// Give up on the drain barrier after this long (exit 3).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub drain_timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FinishArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub drain_timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Hold all reads and writes until --resume.
+    #[arg(long, conflicts_with = "resume")]
+    pub pause: bool,
+    #[arg(long)]
+    pub resume: bool,
+    /// New read ceiling, RCU per second.
+    #[arg(long, value_name = "RCU")]
+    pub read_rate: Option<f64>,
+    /// New write ceiling, WCU per second.
+    #[arg(long, value_name = "WCU")]
+    pub write_rate: Option<f64>,
+    /// Print the control file's new contents as JSON only.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    pub plan: PathBuf,
+    /// DynamoDB JSON items, one per line (export form), or `aws dynamodb scan` output.
+    #[arg(long, value_name = "FILE")]
+    pub sample: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    pub plan: PathBuf,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    #[command(flatten)]
+    pub report: ReportArgs,
+    /// Write every rejected item, with its reason, to this file (JSON lines).
+    #[arg(long, value_name = "FILE")]
+    pub rejects: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Parallel Scan segments (default: from the table's size, at least 4).
+    #[arg(long)]
+    pub segments: Option<u32>,
+    /// Read budget: RCU per second, or a share of the provisioned read capacity (25%). Default: unlimited.
+    #[arg(long, value_name = "RCU|N%")]
+    pub read_rate: Option<Rate>,
+    /// Items per Scan page (default: DynamoDB's 1 MB pages).
+    #[arg(long, value_name = "N")]
+    pub page_size: Option<i32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Backfill write rate, WCU per second, for the load estimate.
+    #[arg(long, value_name = "WCU", default_value_t = 1000.0)]
+    pub write_rate: f64,
+    /// Application write rate, items per second, spread as the items are.
+    #[arg(long, value_name = "ITEMS")]
+    pub app_write_rate: Option<f64>,
+    /// How many hottest keys to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Directory for spill files (default: the system temp dir).
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Memory per spill aggregate before spilling, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub spill_memory: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Items in the demo table.
+    #[arg(long, default_value_t = 20_000)]
+    pub items: u64,
+    /// The moto_server executable (default: .tools/venv/bin/moto_server, see scripts/install-deps).
+    #[arg(long, value_name = "PATH")]
+    pub moto_server: Option<PathBuf>,
+    #[command(flatten)]
+    pub report: ReportArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exit_codes_follow_the_error_type() {
+        let plan = anyhow::Error::new(PlanErrors(vec![])).context("loading");
+        assert_eq!(exit_code(&plan), exit::BAD_INPUT);
+        let other = anyhow::anyhow!("boom");
+        assert_eq!(exit_code(&other), exit::FAILURE);
+    }
+}

@@ -1,0 +1,169 @@
+//! `rekey check`: does the plan load, and what does it do to sample items?
+//!
+//! No AWS: an operator can iterate on a plan with a file of real items (an
+//! export's lines, or `aws dynamodb scan` output) before touching any table.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::core::plan::{Mode, Plan};
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::Item;
+use crate::ops::cli::InputError;
+use crate::state::itemfile;
+
+#[derive(Debug, Serialize)]
+pub struct CheckReport {
+    pub plan: String,
+    pub fingerprint: String,
+    pub rules: usize,
+    pub items: Vec<SampleResult>,
+    pub put: u64,
+    pub rejected: u64,
+    pub skipped: u64,
+    /// Lines of the sample that were not items at all.
+    pub unreadable: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SampleResult {
+    pub line: usize,
+    pub outcome: &'static str,
+    pub rule: Option<String>,
+    pub before: Option<Item>,
+    pub after: Option<Item>,
+    pub reason: Option<String>,
+}
+
+pub fn run(plan: &Plan, sample: Option<&Path>) -> anyhow::Result<CheckReport> {
+    let mut r = CheckReport {
+        plan: plan.path.display().to_string(),
+        fingerprint: plan.fingerprint.clone(),
+        rules: plan.rules.len(),
+        items: Vec::new(),
+        put: 0,
+        rejected: 0,
+        skipped: 0,
+        unreadable: 0,
+    };
+    let Some(sample) = sample else { return Ok(r) };
+    let entries = itemfile::read_file(sample).map_err(|e| InputError(format!("{e:#}")))?;
+    for e in entries {
+        let item = match e.item {
+            Ok(i) => i,
+            Err(msg) => {
+                r.unreadable += 1;
+                r.items.push(SampleResult {
+                    line: e.line,
+                    outcome: "unreadable",
+                    rule: None,
+                    before: None,
+                    after: None,
+                    reason: Some(format!("{}:{}: {msg}", sample.display(), e.line)),
+                });
+                continue;
+            }
+        };
+        let res = match transform(plan, &item) {
+            Outcome::Put { rule, item: after } => {
+                r.put += 1;
+                SampleResult {
+                    line: e.line,
+                    outcome: "put",
+                    rule: Some(rule.map_or_else(
+                        || "(unmatched, copied)".to_string(),
+                        |i| plan.rules[i].name.clone(),
+                    )),
+                    before: Some(item),
+                    after: Some(after),
+                    reason: None,
+                }
+            }
+            Outcome::Reject(rej) => {
+                r.rejected += 1;
+                SampleResult {
+                    line: e.line,
+                    outcome: "reject",
+                    rule: rej.rule.clone(),
+                    before: Some(item),
+                    after: None,
+                    reason: Some(rej.to_string()),
+                }
+            }
+            Outcome::Skip => {
+                r.skipped += 1;
+                SampleResult {
+                    line: e.line,
+                    outcome: "skip",
+                    rule: None,
+                    before: Some(item),
+                    after: None,
+                    reason: Some("no rule matched (skipped)".into()),
+                }
+            }
+        };
+        r.items.push(res);
+    }
+    Ok(r)
+}
+
+pub fn render(plan: &Plan, r: &CheckReport) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let mode = match plan.mode {
+        Mode::Rekey => format!(
+            "re-key {} [{}] → {} [{}]",
+            plan.source_table, plan.source_key, plan.target_table, plan.target_key
+        ),
+        Mode::InPlace => format!("in place on {} [{}]", plan.source_table, plan.source_key),
+    };
+    let _ = writeln!(
+        o,
+        "{}: OK — {mode}, {} rules, fingerprint {}",
+        r.plan, r.rules, r.fingerprint
+    );
+    for s in &r.items {
+        let json = |i: &Option<Item>| {
+            i.as_ref()
+                .map(|i| serde_json::to_string(i).unwrap_or_default())
+                .unwrap_or_default()
+        };
+        match s.outcome {
+            "put" => {
+                let _ = writeln!(
+                    o,
+                    "line {}: rule {}",
+                    s.line,
+                    s.rule.as_deref().unwrap_or("")
+                );
+                let _ = writeln!(o, "  before: {}", json(&s.before));
+                let _ = writeln!(o, "  after:  {}", json(&s.after));
+            }
+            _ => {
+                let _ = writeln!(
+                    o,
+                    "line {}: {} — {}",
+                    s.line,
+                    s.outcome.to_uppercase(),
+                    s.reason.as_deref().unwrap_or("")
+                );
+                if s.before.is_some() {
+                    let _ = writeln!(o, "  before: {}", json(&s.before));
+                }
+            }
+        }
+    }
+    if !r.items.is_empty() {
+        let _ = writeln!(
+            o,
+            "{} items: {} put, {} rejected, {} skipped, {} unreadable",
+            r.items.len(),
+            r.put,
+            r.rejected,
+            r.skipped,
+            r.unreadable
+        );
+    }
+    o
+}

@@ -1,0 +1,452 @@
+//! `rekey cutover` and `rekey finish`: switching the application to the new
+//! table on evidence, at a moment the operator chooses.
+//!
+//! Cutover checks four gates from what the other processes published
+//! ([`crate::state::snapshot`]): the backfill is complete, the tail is running with lag
+//! under a threshold, a clean verify is recent enough, and no rejects are left
+//! unless accepted. While a postpone flag file exists it waits, re-checking,
+//! so the operator picks the moment by deleting the file. Then it proves the
+//! tail has applied every source write up to now with a drain barrier
+//! ([`crate::phase::barrier`]), records the cutover durably (state store and
+//! `cutover.json`), and prints the steps for switching the application. The
+//! tail keeps running — writes that still reach the old table during the
+//! switch are carried over — until `rekey finish`, which drains once more,
+//! records the end and tells the tail to stop.
+//!
+//! Invariant: a cutover is recorded only after every gate held and the drain
+//! barrier completed, in that order, with the gates re-checked after the
+//! postpone wait.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::aws::Clients;
+use crate::core::plan::Plan;
+use crate::ops::progress::Progress;
+use crate::phase::barrier::{self, DrainOptions};
+use crate::phase::tail::TailStatus;
+use crate::state::StateStore;
+use crate::state::snapshot::{self, BackfillStatus};
+
+/// The file the tail polls: once it exists the tail stops.
+pub const FINISHED: &str = "finished";
+
+#[derive(Debug, Clone)]
+pub struct CutoverOptions {
+    pub state_dir: PathBuf,
+    /// Largest acceptable tail lag, seconds.
+    pub max_lag: f64,
+    /// Oldest acceptable clean verify.
+    pub max_verify_age: Duration,
+    pub accept_rejects: bool,
+    /// Wait while this file exists.
+    pub postpone_file: PathBuf,
+    /// How long to keep re-checking gates that are not met before giving up.
+    pub wait: Duration,
+    pub drain_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gate {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What the gates look at, read from the state directory.
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    pub backfill_done: bool,
+    pub backfill: Option<BackfillStatus>,
+    pub tail: Option<TailStatus>,
+    pub tail_running: bool,
+    pub verify: Option<serde_json::Value>,
+    pub rejects: u64,
+}
+
+impl Evidence {
+    pub fn read(state_dir: &Path) -> anyhow::Result<Evidence> {
+        let tail: Option<TailStatus> = snapshot::read(&crate::phase::tail::status_path(state_dir))?;
+        Ok(Evidence {
+            backfill_done: state_dir.join(crate::phase::tail::BACKFILL_DONE).exists(),
+            backfill: snapshot::read(&snapshot::backfill_path(state_dir))?,
+            tail_running: tail.as_ref().is_some_and(|t| snapshot::alive(t.pid)),
+            tail,
+            verify: snapshot::read(&snapshot::verify_path(state_dir))?,
+            rejects: snapshot::count_lines(&state_dir.join("rejects.jsonl"))?
+                + snapshot::count_lines(&state_dir.join("tail-rejects.jsonl"))?,
+        })
+    }
+}
+
+fn parse_time(v: Option<&serde_json::Value>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let text = v?.as_str()?;
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
+}
+
+/// The gates, from the evidence (pure: `now` is passed in).
+pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::Utc>) -> Vec<Gate> {
+    let gate = |name: &str, ok: bool, detail: String| Gate {
+        name: name.into(),
+        ok,
+        detail,
+    };
+    let backfill = gate(
+        "backfill complete",
+        e.backfill_done,
+        match (&e.backfill, e.backfill_done) {
+            (Some(b), true) => format!(
+                "{} scanned, {} written, {} rejected, {} skipped",
+                b.scanned, b.written, b.rejected, b.skipped
+            ),
+            (_, true) => "backfill.done present".into(),
+            (Some(b), false) => format!(
+                "still running: {} of ~{} scanned",
+                b.scanned, b.expected_items
+            ),
+            (None, false) => "not started".into(),
+        },
+    );
+    let tail = match &e.tail {
+        None => gate("tail caught up", false, "the tail has never run".into()),
+        Some(_) if !e.tail_running => gate(
+            "tail caught up",
+            false,
+            "the tail is not running; start `rekey tail` (it must keep running through the switch)"
+                .into(),
+        ),
+        Some(t) => {
+            let stale = parse_time(Some(&serde_json::Value::from(t.updated_at.clone())))
+                .is_none_or(|u| (now - u).num_seconds() > 30);
+            match t.lag_seconds {
+                _ if stale => gate(
+                    "tail caught up",
+                    false,
+                    format!("no word from the tail since {}", t.updated_at),
+                ),
+                Some(l) if l <= opts.max_lag => gate(
+                    "tail caught up",
+                    true,
+                    format!("lag {l:.1} s ≤ {:.1} s", opts.max_lag),
+                ),
+                Some(l) => gate(
+                    "tail caught up",
+                    false,
+                    format!("lag {l:.1} s > {:.1} s", opts.max_lag),
+                ),
+                None => gate(
+                    "tail caught up",
+                    false,
+                    "lag unknown (still buffering, or a shard not read yet)".into(),
+                ),
+            }
+        }
+    };
+    let verify = match &e.verify {
+        None => gate(
+            "clean verify",
+            false,
+            "no verify has finished; run `rekey verify`".into(),
+        ),
+        Some(v) => {
+            let finished = parse_time(v.get("finished_at"));
+            let age = finished.map(|f| (now - f).to_std().unwrap_or_default());
+            let sampled = v.get("sample_percent").is_some_and(|p| !p.is_null());
+            match (snapshot::verify_clean(v), age) {
+                _ if sampled => gate(
+                    "clean verify",
+                    false,
+                    "the last verify was a --sample pass; a cutover needs a full one".into(),
+                ),
+                (false, _) => gate(
+                    "clean verify",
+                    false,
+                    "the last verify found differences; fix them (`rekey verify --repair`) and verify again".into(),
+                ),
+                (true, Some(a)) if a <= opts.max_verify_age => gate(
+                    "clean verify",
+                    true,
+                    format!("clean, {:.0} s ago", a.as_secs_f64()),
+                ),
+                (true, Some(a)) => gate(
+                    "clean verify",
+                    false,
+                    format!(
+                        "clean but {:.0} s old (limit {:.0} s); verify again",
+                        a.as_secs_f64(),
+                        opts.max_verify_age.as_secs_f64()
+                    ),
+                ),
+                (true, None) => gate("clean verify", false, "verify result has no finish time".into()),
+            }
+        }
+    };
+    let rejects = gate(
+        "no unresolved rejects",
+        e.rejects == 0 || opts.accept_rejects,
+        match (e.rejects, opts.accept_rejects) {
+            (0, _) => "none".into(),
+            (n, true) => format!("{n} accepted (--accept-rejects)"),
+            (n, false) => format!(
+                "{n} in rejects.jsonl / tail-rejects.jsonl; fix the plan or pass --accept-rejects"
+            ),
+        },
+    );
+    vec![backfill, tail, verify, rejects]
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CutoverRecord {
+    pub at: String,
+    pub barrier: String,
+    pub source_table: String,
+    pub target_table: String,
+    pub gates: Vec<Gate>,
+    pub finished_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CutoverReport {
+    /// Recorded now or earlier (a rerun after a cutover reports the record).
+    pub cut_over: bool,
+    pub gates: Vec<Gate>,
+    pub record: Option<CutoverRecord>,
+    /// Why not, when `cut_over` is false.
+    pub blocked: Option<String>,
+}
+
+pub async fn cutover(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &CutoverOptions,
+    progress: &Progress,
+) -> anyhow::Result<CutoverReport> {
+    // One driver per plan: the store's lock refuses a second cutover.
+    let store = StateStore::open(&opts.state_dir, plan)?;
+    if let Some(record) = store.get::<CutoverRecord>("cutover/record")? {
+        return Ok(CutoverReport {
+            cut_over: true,
+            gates: record.gates.clone(),
+            record: Some(record),
+            blocked: None,
+        });
+    }
+    let started = Instant::now();
+    let mut said_postponed = false;
+    let gates = loop {
+        let g = gates(&Evidence::read(&opts.state_dir)?, opts, chrono::Utc::now());
+        let all_ok = g.iter().all(|g| g.ok);
+        let postponed = opts.postpone_file.exists();
+        if all_ok && !postponed {
+            break g;
+        }
+        if postponed {
+            if !said_postponed {
+                progress.note(&format!(
+                    "postponed: waiting while {} exists (delete it to cut over)",
+                    opts.postpone_file.display()
+                ));
+                said_postponed = true;
+            }
+        } else if started.elapsed() >= opts.wait {
+            return Ok(CutoverReport {
+                cut_over: false,
+                blocked: Some("gates not met".into()),
+                gates: g,
+                record: None,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    for g in &gates {
+        progress.note(&format!("gate ok: {} — {}", g.name, g.detail));
+    }
+    progress.note("drain barrier: waiting for the tail to apply every source write made until now");
+    let drain = barrier::drain(
+        clients,
+        plan,
+        &DrainOptions {
+            state_dir: opts.state_dir.clone(),
+            timeout: opts.drain_timeout,
+        },
+    )
+    .await?;
+    if !drain.complete {
+        return Ok(CutoverReport {
+            cut_over: false,
+            blocked: Some(format!(
+                "the tail did not report drain barrier {} within {:.0} s",
+                drain.barrier, drain.waited_seconds
+            )),
+            gates,
+            record: None,
+        });
+    }
+    let record = CutoverRecord {
+        at: snapshot::now_rfc3339(),
+        barrier: drain.barrier,
+        source_table: plan.source_table.clone(),
+        target_table: plan.target_table.clone(),
+        gates: gates.clone(),
+        finished_at: None,
+    };
+    store.put("cutover/record", &record)?;
+    store.flush()?;
+    snapshot::publish(&snapshot::cutover_path(&opts.state_dir), &record)?;
+    Ok(CutoverReport {
+        cut_over: true,
+        gates,
+        record: Some(record),
+        blocked: None,
+    })
+}
+
+/// The operator's next steps after a cutover.
+pub fn next_steps(plan: &Plan, plan_path: &Path) -> String {
+    format!(
+        "Next steps:\n\
+         1. Point the application's reads and writes at `{target}` (deploy the new key design).\n\
+         2. Keep `rekey tail` running meanwhile: writes that still reach `{source}` are carried over.\n\
+         3. When no instance writes to `{source}` any more: rekey finish {plan}\n\
+         4. Keep `{source}` until you are sure; rekey never deletes it.",
+        target = plan.target_table,
+        source = plan.source_table,
+        plan = plan_path.display()
+    )
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FinishReport {
+    pub finished: bool,
+    pub barrier: String,
+    pub record: Option<CutoverRecord>,
+}
+
+/// After the switch: drain once more, record the end, stop the tail.
+pub async fn finish(
+    clients: &Clients,
+    plan: &Plan,
+    state_dir: &Path,
+    drain_timeout: Duration,
+) -> anyhow::Result<FinishReport> {
+    let store = StateStore::open(state_dir, plan)?;
+    let Some(mut record) = store.get::<CutoverRecord>("cutover/record")? else {
+        anyhow::bail!(crate::ops::cli::InputError(
+            "no cutover is recorded for this plan; run `rekey cutover` first".into()
+        ));
+    };
+    let drain = barrier::drain(
+        clients,
+        plan,
+        &DrainOptions {
+            state_dir: state_dir.to_path_buf(),
+            timeout: drain_timeout,
+        },
+    )
+    .await?;
+    if !drain.complete {
+        return Ok(FinishReport {
+            finished: false,
+            barrier: drain.barrier,
+            record: Some(record),
+        });
+    }
+    record.finished_at = Some(snapshot::now_rfc3339());
+    store.put("cutover/record", &record)?;
+    store.flush()?;
+    snapshot::publish(&snapshot::cutover_path(state_dir), &record)?;
+    std::fs::write(state_dir.join(FINISHED), b"finished\n")?;
+    Ok(FinishReport {
+        finished: true,
+        barrier: drain.barrier,
+        record: Some(record),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> CutoverOptions {
+        CutoverOptions {
+            state_dir: PathBuf::from("s"),
+            max_lag: 5.0,
+            max_verify_age: Duration::from_secs(3600),
+            accept_rejects: false,
+            postpone_file: PathBuf::from("s/postpone"),
+            wait: Duration::ZERO,
+            drain_timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn ready(now: chrono::DateTime<chrono::Utc>) -> Evidence {
+        Evidence {
+            backfill_done: true,
+            backfill: None,
+            tail: Some(TailStatus {
+                updated_at: now.to_rfc3339(),
+                lag_seconds: Some(0.4),
+                applied_through: Some(now.to_rfc3339()),
+                ..Default::default()
+            }),
+            tail_running: true,
+            verify: Some(serde_json::json!({
+                "clean": true,
+                "finished_at": (now - chrono::Duration::seconds(60)).to_rfc3339()
+            })),
+            rejects: 0,
+        }
+    }
+
+    fn failing(g: &[Gate]) -> Vec<String> {
+        g.iter().filter(|g| !g.ok).map(|g| g.name.clone()).collect()
+    }
+
+    #[test]
+    fn every_gate_holds_on_a_ready_migration() {
+        let now = chrono::Utc::now();
+        assert!(failing(&gates(&ready(now), &opts(), now)).is_empty());
+    }
+
+    #[test]
+    fn each_gate_fails_on_its_own_evidence() {
+        let now = chrono::Utc::now();
+        let mut e = ready(now);
+        e.backfill_done = false;
+        assert_eq!(failing(&gates(&e, &opts(), now)), ["backfill complete"]);
+
+        let mut e = ready(now);
+        e.tail.as_mut().unwrap().lag_seconds = Some(9.0);
+        assert_eq!(failing(&gates(&e, &opts(), now)), ["tail caught up"]);
+        let mut e = ready(now);
+        e.tail_running = false;
+        assert_eq!(failing(&gates(&e, &opts(), now)), ["tail caught up"]);
+        let later = now + chrono::Duration::seconds(45);
+        let e = ready(now);
+        assert!(
+            failing(&gates(&e, &opts(), later)).contains(&"tail caught up".to_string()),
+            "stale status"
+        );
+
+        let mut e = ready(now);
+        e.verify = Some(serde_json::json!({"clean": false, "finished_at": now.to_rfc3339()}));
+        assert_eq!(failing(&gates(&e, &opts(), now)), ["clean verify"]);
+        let e = ready(now);
+        let much_later = now + chrono::Duration::seconds(7200);
+        let f = failing(&gates(&e, &opts(), much_later));
+        assert!(f.contains(&"clean verify".to_string()), "too old: {f:?}");
+
+        let mut e = ready(now);
+        e.rejects = 3;
+        assert_eq!(failing(&gates(&e, &opts(), now)), ["no unresolved rejects"]);
+        let accept = CutoverOptions {
+            accept_rejects: true,
+            ..opts()
+        };
+        assert!(failing(&gates(&e, &accept, now)).is_empty());
+    }
+}

@@ -1,0 +1,246 @@
+//! `rekey run`: the whole migration in one command, resumable in any phase.
+//!
+//! check (the plan loads) → analyze gate → capture (the tail starts, from the
+//! stream's trim horizon) → backfill → catch-up (a drain barrier: the tail has
+//! applied everything captured) → verify → ready for cutover. Then it goes on
+//! tailing until `rekey finish` (or exits with `--exit-when-ready`).
+//!
+//! Nothing here keeps state of its own beyond the analyze gate's verdict:
+//! each phase is the ordinary command, with its own checkpoints, so after
+//! kill -9 a rerun skips what is complete (`backfill.done`, a clean verify
+//! newer than the backfill) and resumes what was in flight.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::aws::Clients;
+use crate::core::plan::Plan;
+use crate::ops::cli::GateNotMet;
+use crate::ops::progress::Progress;
+use crate::phase::analyze::{self, AnalyzeOptions, ScanSettings};
+use crate::phase::backfill::{self, BackfillOptions};
+use crate::phase::barrier::{self, DrainOptions};
+use crate::phase::tail::{self, TailOptions};
+use crate::phase::verify::{self, VerifyOptions};
+use crate::state::snapshot;
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub state_dir: PathBuf,
+    /// None: skip the analyze gate.
+    pub analyze: Option<(ScanSettings, AnalyzeOptions)>,
+    pub allow_hot_keys: bool,
+    pub backfill: BackfillOptions,
+    pub tail: TailOptions,
+    pub verify: VerifyOptions,
+    pub drain_timeout: Duration,
+    pub exit_when_ready: bool,
+}
+
+/// The analyze gate's verdict, kept so a rerun does not scan again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AnalyzeVerdict {
+    pub scanned: u64,
+    pub new_keys_over_limit: u64,
+    pub old_keys_over_limit: u64,
+    pub collisions: u64,
+    pub rejected: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub phase: snapshot::Phase,
+    pub analyze: Option<AnalyzeVerdict>,
+    pub backfill: Option<backfill::BackfillReport>,
+    pub verify: Option<serde_json::Value>,
+    /// Why the run stopped before ready-for-cutover (gate not met, differences).
+    pub blocked: Option<String>,
+}
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    progress: &Progress,
+) -> anyhow::Result<RunReport> {
+    if plan.mode == crate::core::plan::Mode::InPlace {
+        anyhow::bail!(crate::ops::cli::InputError(format!(
+            "{}: `rekey run` drives a re-key into a new table; in place, run `rekey tail`, \
+             `rekey backfill` and `rekey verify` (README, \"In place\")",
+            plan.path.display()
+        )));
+    }
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("cannot create {}", opts.state_dir.display()))?;
+    let mut report = RunReport {
+        phase: snapshot::Phase::NotStarted,
+        analyze: None,
+        backfill: None,
+        verify: None,
+        blocked: None,
+    };
+
+    // 1. The analyze gate: refuse a design whose new keys would still throttle.
+    if let Some((scan, aopts)) = &opts.analyze {
+        let path = opts.state_dir.join("analyze.json");
+        let verdict = match snapshot::read::<AnalyzeVerdict>(&path)? {
+            Some(v) => v,
+            None => {
+                progress.note("analyze: applying the plan to every source item (no writes)");
+                let r = analyze::run(clients, plan, scan, aopts.clone(), None, progress).await?;
+                let over = |d: &analyze::Distribution| {
+                    d.load.iter().map(|l| l.keys_over_limit).max().unwrap_or(0)
+                };
+                let v = AnalyzeVerdict {
+                    scanned: r.scanned,
+                    new_keys_over_limit: over(&r.new),
+                    old_keys_over_limit: over(&r.old),
+                    collisions: r.collisions.target_keys,
+                    rejected: r.rejected,
+                };
+                snapshot::publish(&path, &v)?;
+                v
+            }
+        };
+        report.analyze = Some(verdict.clone());
+        progress.note(&format!(
+            "analyze: {} items; new keys over the per-partition limit: {} (old design: {}); {} collisions, {} rejects",
+            verdict.scanned,
+            verdict.new_keys_over_limit,
+            verdict.old_keys_over_limit,
+            verdict.collisions,
+            verdict.rejected
+        ));
+        if verdict.new_keys_over_limit > 0 && !opts.allow_hot_keys {
+            anyhow::bail!(GateNotMet(format!(
+                "analyze gate: {} new partition key(s) would still exceed the per-partition limit; \
+                 change the plan (more shards), or pass --allow-hot-keys",
+                verdict.new_keys_over_limit
+            )));
+        }
+    }
+
+    // 2. Capture: the tail runs for the rest of the command, in this process.
+    let mut tail_task = {
+        let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
+        let beside = progress.beside();
+        tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
+    };
+    let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.context("the tail stopped")),
+        Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
+    };
+    // Every phase after capture depends on the tail: if it stops (a trimmed
+    // stream, a lost permission), say so now rather than time out later.
+    let result = tokio::select! {
+        r = phases(clients, plan, opts, progress, &mut report) => r,
+        r = &mut tail_task => match tail_ended(r) {
+            Ok(()) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
+            Err(e) => Err(e),
+        },
+    };
+    let result = match result {
+        Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
+            progress.note(
+                "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)",
+            );
+            tail_ended(tail_task.await)
+        }
+        other => {
+            tail_task.abort();
+            other
+        }
+    };
+    result?;
+    report.phase = snapshot::gather(&opts.state_dir)?.phase;
+    Ok(report)
+}
+
+/// Verify passes `run` makes while only unconfirmed differences remain.
+const VERIFY_ATTEMPTS: usize = 3;
+
+/// A drain barrier, or exit 3 if the tail does not report it in time.
+async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> anyhow::Result<()> {
+    let drain = barrier::drain(
+        clients,
+        plan,
+        &DrainOptions {
+            state_dir: opts.state_dir.clone(),
+            timeout: opts.drain_timeout,
+        },
+    )
+    .await?;
+    if !drain.complete {
+        anyhow::bail!(GateNotMet(format!(
+            "catch-up: the tail did not apply drain barrier {} within {:.0} s",
+            drain.barrier, drain.waited_seconds
+        )));
+    }
+    Ok(())
+}
+
+/// Backfill, catch-up and verify, each skipped when already complete.
+async fn phases(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    progress: &Progress,
+    report: &mut RunReport,
+) -> anyhow::Result<()> {
+    // 3. Backfill (resumes from its checkpoints; skipped once done).
+    if !opts.state_dir.join(tail::BACKFILL_DONE).exists() {
+        progress.note("backfill: copying every source item into the target");
+        report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress).await?);
+    }
+
+    // 4. Catch-up: the tail has applied its buffer and everything written until now.
+    progress.note("catch-up: waiting for the tail to apply every change captured so far");
+    drain_or_gate(clients, plan, opts).await?;
+
+    // 5. Verify, unless a clean full verify already finished after the backfill.
+    // Differences the re-check could not settle because the tail was behind
+    // (unconfirmed) are worth another pass once it has caught up; confirmed
+    // differences stop the run.
+    let previous: Option<serde_json::Value> =
+        snapshot::read(&snapshot::verify_path(&opts.state_dir))?;
+    let fresh = previous.as_ref().is_some_and(|v| {
+        snapshot::verify_clean(v) && v.get("sample_percent").is_none_or(|p| p.is_null())
+    });
+    let mut verdict = previous.unwrap_or_default();
+    if !fresh {
+        for attempt in 1..=VERIFY_ATTEMPTS {
+            progress.note("verify: comparing every source item with the target, and back");
+            let r = verify::run(clients, plan, &opts.verify, progress).await?;
+            verdict = serde_json::to_value(&r.result)?;
+            let c = &r.result.counts;
+            let confirmed = c.missing + c.different + c.orphans;
+            let unsettled = c.unconfirmed + c.unconfirmed_orphans;
+            if r.result.clean || confirmed > 0 || attempt == VERIFY_ATTEMPTS {
+                break;
+            }
+            progress.note(&format!(
+                "verify: {unsettled} difference(s) unconfirmed (the tail was behind); catching up and verifying again"
+            ));
+            drain_or_gate(clients, plan, opts).await?;
+        }
+    }
+    if !snapshot::verify_clean(&verdict) {
+        report.blocked = Some(format!(
+            "verify found differences ({}; see {}); repair with `rekey verify --repair`, then run again",
+            verdict
+                .get("counts")
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            opts.state_dir
+                .join("verify")
+                .join("mismatches.jsonl")
+                .display()
+        ));
+    }
+    report.verify = Some(verdict);
+    Ok(())
+}

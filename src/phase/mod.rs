@@ -1,0 +1,18 @@
+//! The phases of a migration, each the body of one command: analyze, check,
+//! backfill, in-place updates, tail, the stream watch, drain barriers,
+//! verify, cutover and the lifecycle that runs them in order. A phase reads
+//! and writes AWS only through `aws`, keeps its checkpoints through `state`,
+//! and reports through the progress handle it is given.
+//!
+//! Architecture invariant: `phase` never imports `ops` (tests/architecture.rs).
+
+pub mod analyze;
+pub mod backfill;
+pub mod barrier;
+pub mod check;
+pub mod cutover;
+pub mod inplace;
+pub mod lifecycle;
+pub mod tail;
+pub mod verify;
+pub mod watch;

@@ -1,0 +1,1375 @@
+//! `rekey tail`: keep the target current from the source table's DynamoDB
+//! Stream, in per-item order across shard lineage.
+//!
+//! Convergence with the backfill (ARCHITECTURE.md, "Backfill and tail
+//! converge"): until the backfill has finished — it leaves a `backfill.done`
+//! marker in the plan's state directory — records are not applied but
+//! buffered durably in the tail's own store, so that a backfill longer than the
+//! stream's 24-hour retention loses nothing. Once the marker exists, the buffer
+//! is applied in lineage order (parents before children), then records are
+//! applied as they come. Every checkpoint (a shard's last sequence number)
+//! moves only after the writes or buffer entries it covers are durable.
+//!
+//! The tail keeps its own sled store (`<state dir>/tail`), so it can run as a
+//! process of its own beside `rekey backfill`. About once a second it
+//! publishes its lag per shard, the time up to which every source write is
+//! applied (`applied_through`) and the drain barriers it has seen, in the
+//! store and in `<state dir>/tail/status.json` (written atomically), which
+//! `status`, `verify` and `drain` read without taking the store's lock.
+//!
+//! Records of one response are applied in parallel lanes, one lane per source
+//! item: changes to one item stay in stream order, different items need no
+//! order between them (two source items never share a target key: the
+//! backfill rejects collisions).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use aws_sdk_dynamodbstreams::types::{OperationType, ShardIteratorType};
+use futures::stream::{self, StreamExt};
+use serde::{Deserialize, Serialize};
+
+use crate::aws::rate::Control;
+use crate::aws::write::{backoff, jitter};
+use crate::aws::{AwsError, Clients, to_sdk_item};
+use crate::core::plan::{Mode, Plan, TtlDeletes};
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, Value, encode_key};
+use crate::ops::progress::Progress;
+use crate::phase::barrier::{BarrierState, marker_id};
+use crate::phase::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
+use crate::state::StateStore;
+use crate::state::rejects::RejectsFile;
+
+/// Written by the backfill when it is complete; the tail applies nothing before.
+pub const BACKFILL_DONE: &str = "backfill.done";
+
+#[derive(Debug, Clone)]
+pub struct TailOptions {
+    pub state_dir: PathBuf,
+    pub rejects: PathBuf,
+    /// Exit once the backfill is done, the buffer applied, and no shard has had
+    /// a record for this long (catch-up mode; None: run until stopped).
+    pub exit_when_idle: Option<Duration>,
+    pub write_rate: Option<f64>,
+    pub poll_interval: Duration,
+}
+
+/// One stream record as the tail keeps it (buffered or about to apply).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Change {
+    pub kind: ChangeKind,
+    pub old: Option<Item>,
+    pub new: Option<Item>,
+    /// A TTL expiry (userIdentity dynamodb.amazonaws.com), not an application delete.
+    pub ttl: bool,
+    /// Seconds since the epoch when DynamoDB wrote the record.
+    pub at: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ChangeKind {
+    Insert,
+    Modify,
+    Remove,
+}
+
+/// What the target must do for one change: the pure half of the tail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Put(Item),
+    Delete(Item),
+    /// In place: a conditional UpdateItem of the computed attributes (see
+    /// [`crate::phase::inplace`]).
+    Update(UpdateWrite),
+    Reject {
+        item: Item,
+        reason: String,
+    },
+}
+
+/// The target writes for a change, in order. A MODIFY whose new image maps to a
+/// different target key than the old one deletes the old key first, so no item
+/// is left behind under a key it no longer has.
+pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
+    if plan.mode == Mode::InPlace {
+        return in_place_actions(plan, change);
+    }
+    let key_of = |item: &Item| -> Item {
+        plan.target_key
+            .names()
+            .iter()
+            .filter_map(|n| item.get(*n).map(|v| (n.to_string(), v.clone())))
+            .collect()
+    };
+    let old_target = change.old.as_ref().and_then(|o| match transform(plan, o) {
+        Outcome::Put { item, .. } => Some(key_of(&item)),
+        _ => None,
+    });
+    let mut out = Vec::new();
+    match change.kind {
+        ChangeKind::Remove => {
+            if change.ttl && plan.ttl_deletes == TtlDeletes::Ignore {
+                return out;
+            }
+            if let Some(k) = old_target {
+                out.push(Action::Delete(k));
+            }
+        }
+        ChangeKind::Insert | ChangeKind::Modify => {
+            let Some(new) = &change.new else { return out };
+            match transform(plan, new) {
+                Outcome::Put { item, .. } => {
+                    if let Some(k) = old_target
+                        && k != key_of(&item)
+                    {
+                        out.push(Action::Delete(k));
+                    }
+                    out.push(Action::Put(item));
+                }
+                Outcome::Reject(r) => {
+                    if let Some(k) = old_target {
+                        out.push(Action::Delete(k));
+                    }
+                    out.push(Action::Reject {
+                        item: new.clone(),
+                        reason: r.to_string(),
+                    });
+                }
+                Outcome::Skip => {
+                    if let Some(k) = old_target {
+                        out.push(Action::Delete(k));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// In place: INSERT and MODIFY recompute the computed attributes of the new
+/// image; REMOVE needs nothing (the item and its attributes are gone). A new
+/// image whose computed attributes already hold what the plan gives — which is
+/// what rekey's own writes leave, backfill's and the tail's — needs no write:
+/// that is why the tail reading its own writes from the stream never loops.
+pub fn in_place_actions(plan: &Plan, change: &Change) -> Vec<Action> {
+    let Some(new) = change
+        .new
+        .as_ref()
+        .filter(|_| change.kind != ChangeKind::Remove)
+    else {
+        return Vec::new();
+    };
+    match plan_update(plan, new) {
+        Decision::Write(w) => vec![Action::Update(w)],
+        Decision::Correct | Decision::Skip => Vec::new(),
+        Decision::Reject(reason) => vec![Action::Reject {
+            item: new.clone(),
+            reason,
+        }],
+    }
+}
+
+/// Shards whose records may be read now: not finished, and whose parent is
+/// finished or unknown (trimmed away). Children after parents is what keeps
+/// per-item order across splits.
+pub fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
+    let known: HashSet<&str> = shards.iter().map(|s| s.id.as_str()).collect();
+    shards
+        .iter()
+        .filter(|s| !finished.contains(&s.id))
+        .filter(|s| match &s.parent {
+            Some(p) => finished.contains(p) || !known.contains(p.as_str()),
+            None => true,
+        })
+        .map(|s| s.id.clone())
+        .collect()
+}
+
+/// Sequence numbers are decimal strings of up to 40 digits: compared (and
+/// sorted as keys) by padding to a fixed width, never as text of varying width.
+pub fn seq_key(seq: &str) -> String {
+    format!("{seq:0>40}")
+}
+
+#[derive(Debug, Clone)]
+pub struct ShardInfo {
+    pub id: String,
+    pub parent: Option<String>,
+    pub closed: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct ShardState {
+    /// Last sequence number applied or buffered.
+    seq: Option<String>,
+    /// Closed and read to its end.
+    finished: bool,
+    /// When this checkpoint was last confirmed (epoch seconds, the tail's
+    /// clock). A tail that has been away longer than the stream's retention
+    /// may have missed trimmed records. (Not the record's own time: on a quiet
+    /// table the last record may be days old while the checkpoint is current.)
+    at: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TailReport {
+    pub records: u64,
+    pub buffered: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// In place: conditional UpdateItems written.
+    pub updates: u64,
+    pub rejected: u64,
+    /// Seconds between the last applied record's creation and its application.
+    pub last_lag_seconds: f64,
+    pub shards: usize,
+}
+
+pub(crate) fn streams_item(
+    m: &HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
+) -> Option<Item> {
+    use aws_sdk_dynamodbstreams::types::AttributeValue as A;
+    fn conv(v: &A) -> Option<Value> {
+        Some(match v {
+            A::S(s) => Value::S(s.clone()),
+            A::N(n) => Value::N(n.clone()),
+            A::B(b) => Value::B(b.clone().into_inner()),
+            A::Ss(v) => Value::Ss(v.clone()),
+            A::Ns(v) => Value::Ns(v.clone()),
+            A::Bs(v) => Value::Bs(v.iter().map(|b| b.clone().into_inner()).collect()),
+            A::M(m) => Value::M(
+                m.iter()
+                    .map(|(k, v)| conv(v).map(|v| (k.clone(), v)))
+                    .collect::<Option<_>>()?,
+            ),
+            A::L(l) => Value::L(l.iter().map(conv).collect::<Option<_>>()?),
+            A::Bool(b) => Value::Bool(*b),
+            A::Null(_) => Value::Null,
+            _ => return None,
+        })
+    }
+    m.iter()
+        .map(|(k, v)| conv(v).map(|v| (k.clone(), v)))
+        .collect()
+}
+
+const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
+
+/// How long after a write its record is assumed readable from the stream: a
+/// read that finds a shard empty at `t` is taken to cover writes before
+/// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
+/// second; the drain barrier does not rely on this.)
+const STREAM_DELAY_SECONDS: f64 = 1.0;
+
+/// Source items applied at once from one response (see the module docs).
+const LANES: usize = 16;
+
+/// What the tail publishes about itself (`<state dir>/tail/status.json`).
+/// Readers take missing fields as their defaults, so a reader and a tail of
+/// neighbouring versions still understand each other.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TailStatus {
+    pub pid: u32,
+    pub updated_at: String,
+    /// Every source write made before this instant is applied to the target
+    /// (None while the backfill runs and changes are only buffered).
+    pub applied_through: Option<String>,
+    /// The largest shard lag: age of the oldest change not yet applied.
+    pub lag_seconds: Option<f64>,
+    pub backfill_done: bool,
+    pub records: u64,
+    pub buffered: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// In place: conditional UpdateItems written.
+    #[serde(default)]
+    pub updates: u64,
+    pub rejected: u64,
+    pub shards: Vec<ShardStatus>,
+    pub barriers: BTreeMap<String, BarrierState>,
+    /// The tail exited cleanly (idle, or `rekey finish`): nothing is applied
+    /// any more, and readers treat it as not running rather than behind.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShardStatus {
+    pub shard_id: String,
+    /// waiting (for its parent), open, closed (still being read) or finished.
+    pub state: String,
+    pub last_sequence: Option<String>,
+    /// Creation time of the last record applied or buffered (RFC 3339).
+    pub last_record_at: Option<String>,
+    pub lag_seconds: Option<f64>,
+}
+
+pub fn status_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("tail").join("status.json")
+}
+
+/// The tail's last published status, if it has ever run.
+pub fn read_status(path: &Path) -> anyhow::Result<Option<TailStatus>> {
+    crate::state::snapshot::read(path)
+}
+
+/// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ShardProgress {
+    /// Creation time of the newest record applied (or buffered).
+    pub(crate) record_at: Option<f64>,
+    /// Start of the last read that found nothing new: the shard was drained then.
+    pub(crate) empty_read_at: Option<f64>,
+}
+
+/// What the tail knew of the stream's shards when it last described it.
+pub(crate) struct Lineage<'a> {
+    /// Shards being read: not finished, parents finished.
+    pub(crate) open: &'a [&'a str],
+    /// Listed shards not read yet because a parent is still open. Their
+    /// records can be older than an open shard's drained time (a child opens
+    /// when its parent closes), so while any waits nothing is claimed.
+    pub(crate) waiting: usize,
+    /// When the describe started: a shard created later is not in the list,
+    /// so no claim may reach past it.
+    pub(crate) described_at: f64,
+}
+
+/// Lag and `applied_through` from the per-shard progress: the pure half of
+/// what the tail publishes. Lag is over the open shards only (a waiting
+/// shard's lag shows in its parent's).
+pub(crate) fn lag_and_through(
+    lineage: &Lineage,
+    progress: &HashMap<String, ShardProgress>,
+    now: f64,
+) -> (Option<f64>, f64) {
+    let mut lag: Option<f64> = None;
+    let mut through = if lineage.waiting > 0 {
+        f64::NEG_INFINITY
+    } else {
+        (now - STREAM_DELAY_SECONDS).min(lineage.described_at)
+    };
+    for id in lineage.open {
+        let p = progress.get(*id).cloned().unwrap_or_default();
+        let drained_at = p.empty_read_at.map(|t| t - STREAM_DELAY_SECONDS);
+        let shard_through = match (p.record_at, drained_at) {
+            (Some(r), Some(d)) => r.max(d),
+            (Some(r), None) => r,
+            (None, Some(d)) => d,
+            (None, None) => f64::NEG_INFINITY,
+        };
+        through = through.min(shard_through);
+        let shard_lag = match (p.empty_read_at, p.record_at) {
+            (Some(e), Some(r)) if e >= r => 0.0,
+            (Some(_), None) => 0.0,
+            (_, Some(r)) => (now - r).max(0.0),
+            (None, None) => f64::INFINITY,
+        };
+        lag = Some(lag.map_or(shard_lag, |l: f64| l.max(shard_lag)));
+    }
+    (lag.filter(|l| l.is_finite()), through)
+}
+
+/// A barrier is complete when every open shard has moved past it: drained by
+/// a read that started after the marker was applied, or applied a record from
+/// a later second than the marker's (creation times are whole seconds) — with
+/// no shard waiting on a parent, and the shard list described after the
+/// marker was applied (so no shard created before the marker is missing).
+fn barrier_complete(
+    barrier: &BarrierState,
+    marker_at: f64,
+    lineage: &Lineage,
+    progress: &HashMap<String, ShardProgress>,
+) -> bool {
+    lineage.waiting == 0
+        && lineage.described_at >= barrier.observed_at
+        && lineage.open.iter().all(|id| {
+            let p = progress.get(*id).cloned().unwrap_or_default();
+            p.empty_read_at.is_some_and(|t| t >= barrier.observed_at)
+                || p.record_at.is_some_and(|r| r >= marker_at.floor() + 1.0)
+        })
+}
+
+fn rfc3339(secs: f64) -> String {
+    chrono::DateTime::from_timestamp_millis((secs * 1000.0) as i64)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The tail's state between loop turns.
+struct Tail<'a> {
+    clients: &'a Clients,
+    plan: &'a Plan,
+    opts: &'a TailOptions,
+    store: StateStore,
+    control: Control,
+    rejects: RejectsFile,
+    report: TailReport,
+    progress: HashMap<String, ShardProgress>,
+    /// Barrier id → (state, marker creation time).
+    barriers: BTreeMap<String, (BarrierState, f64)>,
+    published: Option<Instant>,
+}
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &TailOptions,
+    progress: &Progress,
+) -> anyhow::Result<TailReport> {
+    let info = clients.describe_table(&plan.source_table).await?;
+    info.check_key(&plan.source_key, "source")?;
+    let stream = match &info.stream {
+        Some(s) if s.view == "NEW_AND_OLD_IMAGES" => s.arn.clone(),
+        Some(s) => anyhow::bail!(crate::ops::cli::InputError(format!(
+            "table `{}` streams {} images; rekey needs NEW_AND_OLD_IMAGES to follow key-changing updates and deletes. \
+             The view type cannot be changed in place: disable the stream and enable it again with \
+             StreamViewType=NEW_AND_OLD_IMAGES (a new stream), before starting the backfill",
+            info.name, s.view
+        ))),
+        None => anyhow::bail!(crate::ops::cli::InputError(format!(
+            "table `{}` has no stream. Enable one before the backfill starts: aws dynamodb update-table --table-name {} \
+             --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES",
+            info.name, info.name
+        ))),
+    };
+    let store = StateStore::open(&opts.state_dir.join("tail"), plan)?;
+    let rejects =
+        RejectsFile::open_truncated(&opts.rejects, store.get("tail/rejects_len")?.unwrap_or(0))?;
+    let barriers = store
+        .scan_prefix::<(BarrierState, f64)>("tail/barrier/")?
+        .into_iter()
+        .map(|(k, v)| (k.trim_start_matches("tail/barrier/").to_string(), v))
+        .collect();
+    let mut t = Tail {
+        clients,
+        plan,
+        opts,
+        store,
+        control: Control::new(None, opts.write_rate),
+        rejects,
+        report: TailReport::default(),
+        progress: HashMap::new(),
+        barriers,
+        published: None,
+    };
+    let mut iterators: HashMap<String, String> = HashMap::new();
+    let mut last_record = Instant::now();
+    progress.start("tail", None);
+    loop {
+        if opts
+            .state_dir
+            .join(crate::phase::cutover::FINISHED)
+            .exists()
+        {
+            // `rekey finish` drained the tail before it wrote this.
+            break;
+        }
+        let backfill_done = opts.state_dir.join(BACKFILL_DONE).exists();
+        if backfill_done && !t.drained()? {
+            t.drain_buffer().await?;
+            t.store.put("tail/buffer_drained", &true)?;
+            t.store.flush()?;
+        }
+        let turn = t.turn(&stream).await?;
+        let mut got_any = false;
+        for shard in &turn.ready {
+            let state = turn.states.get(shard).cloned().unwrap_or_default();
+            if let Some(at) = state.at
+                && now_secs() - at > RETENTION_SECONDS
+            {
+                anyhow::bail!(
+                    "shard {shard}: the checkpoint is older than the stream's 24-hour retention, so records were lost; \
+                         a new backfill is needed (start it with a fresh --state-dir)"
+                );
+            }
+            let iterator = match iterators.remove(shard) {
+                Some(i) => i,
+                None => shard_iterator(clients, &stream, shard, state.seq.as_deref()).await?,
+            };
+            let read_at = now_secs();
+            let out = clients
+                .streams
+                .get_records()
+                .shard_iterator(&iterator)
+                .limit(1000)
+                .send()
+                .await;
+            let out = match out {
+                Ok(o) => o,
+                Err(e) => {
+                    let code = aws_sdk_dynamodbstreams::error::ProvideErrorMetadata::code(&e)
+                        .unwrap_or("")
+                        .to_string();
+                    if code == "ExpiredIteratorException" {
+                        // Re-get it from the checkpoint: nothing is skipped or repeated.
+                        continue;
+                    }
+                    if code == "TrimmedDataAccessException" {
+                        anyhow::bail!(
+                            "shard {shard}: records were trimmed from the stream before the tail read them (TrimmedDataAccessException); \
+                             changes were lost and a new backfill is needed"
+                        );
+                    }
+                    let err = clients.streams_error("GetRecords", &stream, e);
+                    if err.is_throttle() || err.is_transient() {
+                        tokio::time::sleep(backoff(2, jitter())).await;
+                        continue;
+                    }
+                    return Err(err.into());
+                }
+            };
+            let mut changes = Vec::new();
+            let mut seq = state.seq.clone();
+            for r in out.records() {
+                let Some(d) = r.dynamodb() else { continue };
+                let kind = match r.event_name() {
+                    Some(OperationType::Insert) => ChangeKind::Insert,
+                    Some(OperationType::Modify) => ChangeKind::Modify,
+                    Some(OperationType::Remove) => ChangeKind::Remove,
+                    _ => continue,
+                };
+                let ttl = r.user_identity().and_then(|u| u.principal_id())
+                    == Some("dynamodb.amazonaws.com");
+                let created = d
+                    .approximate_creation_date_time()
+                    .map(|t| t.as_secs_f64())
+                    .unwrap_or_else(now_secs);
+                let change = Change {
+                    kind,
+                    old: d.old_image().and_then(streams_item),
+                    new: d.new_image().and_then(streams_item),
+                    ttl,
+                    at: created,
+                };
+                let s = d.sequence_number().unwrap_or_default().to_string();
+                changes.push((s.clone(), change));
+                seq = Some(s);
+            }
+            t.report.records += changes.len() as u64;
+            got_any |= !changes.is_empty();
+            let newest = changes.last().map(|(_, c)| c.at);
+            if t.drained()? && opts.state_dir.join(BACKFILL_DONE).exists() {
+                t.apply_all(changes.into_iter().map(|(_, c)| c).collect())
+                    .await?;
+            } else {
+                let d = depth(&turn.shards, shard);
+                for (s, change) in &changes {
+                    t.store
+                        .put(&format!("tail/buf/{d:04}/{shard}/{}", seq_key(s)), change)?;
+                    t.report.buffered += 1;
+                }
+            }
+            let p = t.progress.entry(shard.clone()).or_default();
+            match newest {
+                Some(at) => p.record_at = Some(p.record_at.map_or(at, |r| r.max(at))),
+                None => p.empty_read_at = Some(read_at),
+            }
+            let finished_now = out.next_shard_iterator().is_none();
+            if let Some(next) = out.next_shard_iterator() {
+                iterators.insert(shard.clone(), next.to_string());
+            }
+            let len = t.rejects.flush_len()?;
+            t.store.put_batch(&[
+                (
+                    &format!("tail/shard/{shard}"),
+                    serde_json::to_value(ShardState {
+                        seq,
+                        finished: finished_now,
+                        at: Some(now_secs()),
+                    })?,
+                ),
+                ("tail/rejects_len", serde_json::to_value(len)?),
+            ])?;
+            t.store.flush()?;
+        }
+        // Busy: about once a second. Idle: every turn, so the last word is current.
+        t.publish(&turn, progress, got_any)?;
+        if got_any {
+            last_record = Instant::now();
+        } else {
+            if let Some(idle) = opts.exit_when_idle
+                && t.drained()?
+                && last_record.elapsed() >= idle
+            {
+                break;
+            }
+            tokio::time::sleep(opts.poll_interval).await;
+        }
+    }
+    progress.finish();
+    t.rejects.flush_len()?;
+    let path = status_path(&opts.state_dir);
+    if let Some(mut last) = read_status(&path)? {
+        last.stopped = true;
+        last.updated_at = rfc3339(now_secs());
+        crate::state::snapshot::publish(&path, &last)?;
+    }
+    Ok(t.report)
+}
+
+/// The shard list one loop turn works from.
+struct Turn {
+    described_at: f64,
+    shards: Vec<ShardInfo>,
+    states: HashMap<String, ShardState>,
+    finished: HashSet<String>,
+    ready: Vec<String>,
+}
+
+impl Tail<'_> {
+    async fn turn(&mut self, stream: &str) -> anyhow::Result<Turn> {
+        let described_at = now_secs();
+        let shards = describe_shards(self.clients, stream).await?;
+        self.report.shards = shards.len();
+        let states: HashMap<String, ShardState> = shards
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.id.clone(),
+                    self.store
+                        .get::<ShardState>(&format!("tail/shard/{}", s.id))?
+                        .unwrap_or_default(),
+                ))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let finished: HashSet<String> = states
+            .iter()
+            .filter(|(_, s)| s.finished)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let ready = ready_shards(&shards, &finished);
+        Ok(Turn {
+            described_at,
+            shards,
+            states,
+            finished,
+            ready,
+        })
+    }
+
+    fn drained(&self) -> anyhow::Result<bool> {
+        Ok(self.store.get::<bool>("tail/buffer_drained")? == Some(true))
+    }
+
+    /// Apply the durable buffer in lineage order, a chunk at a time, deleting
+    /// each chunk's entries once its writes are acknowledged.
+    async fn drain_buffer(&mut self) -> anyhow::Result<()> {
+        const CHUNK: usize = 1000;
+        loop {
+            let chunk = self.store.scan_prefix_limit::<Change>("tail/buf/", CHUNK)?;
+            if chunk.is_empty() {
+                break;
+            }
+            let keys: Vec<String> = chunk.iter().map(|(k, _)| k.clone()).collect();
+            self.apply_all(chunk.into_iter().map(|(_, c)| c).collect())
+                .await?;
+            for k in keys {
+                self.store.remove(&k)?;
+            }
+            self.store.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Apply changes in stream order per source item, items in parallel lanes.
+    async fn apply_all(&mut self, changes: Vec<Change>) -> anyhow::Result<()> {
+        let names = self.plan.source_key.names();
+        let mut lane_of: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut lanes: Vec<Vec<Change>> = Vec::new();
+        let mut markers = Vec::new();
+        for c in changes {
+            if c.kind == ChangeKind::Insert
+                && let Some(id) = c.new.as_ref().and_then(|n| marker_id(self.plan, n))
+            {
+                markers.push((id, c.at));
+            }
+            let key = c
+                .new
+                .as_ref()
+                .or(c.old.as_ref())
+                .and_then(|i| encode_key(i, &names))
+                .unwrap_or_default();
+            let n = lanes.len();
+            let lane = *lane_of.entry(key).or_insert(n);
+            if lane == n {
+                lanes.push(Vec::new());
+            }
+            lanes[lane].push(c);
+        }
+        let (clients, plan, control) = (self.clients, self.plan, &self.control);
+        let results: Vec<anyhow::Result<LaneResult>> = stream::iter(lanes)
+            .map(|lane| async move {
+                let mut r = LaneResult::default();
+                for change in &lane {
+                    for action in actions(plan, change) {
+                        apply_action(clients, plan, control, action, &mut r).await?;
+                    }
+                    r.newest = Some(r.newest.map_or(change.at, |n: f64| n.max(change.at)));
+                }
+                Ok(r)
+            })
+            .buffer_unordered(LANES)
+            .collect()
+            .await;
+        for r in results {
+            let r = r?;
+            self.report.puts += r.puts;
+            self.report.deletes += r.deletes;
+            self.report.updates += r.updates;
+            for (item, reason) in r.rejects {
+                self.rejects.write(&item, &format!("tail: {reason}"))?;
+                self.report.rejected += 1;
+            }
+            if let Some(at) = r.newest {
+                self.report.last_lag_seconds = (now_secs() - at).max(0.0);
+            }
+        }
+        // Everything before a marker in its shard came before it in this call,
+        // and every write of the call is acknowledged now: the barrier is observed.
+        let now = now_secs();
+        for (id, marker_at) in markers {
+            if !self.barriers.contains_key(&id) {
+                let b = BarrierState {
+                    observed_at: now,
+                    complete_at: None,
+                };
+                self.store
+                    .put(&format!("tail/barrier/{id}"), &(b.clone(), marker_at))?;
+                self.barriers.insert(id, (b, marker_at));
+            }
+        }
+        Ok(())
+    }
+
+    /// Lag, applied_through and barriers: into the store and status.json, at
+    /// most about once a second.
+    fn publish(&mut self, turn: &Turn, progress: &Progress, busy: bool) -> anyhow::Result<()> {
+        let Turn {
+            described_at,
+            shards,
+            states,
+            finished,
+            ready,
+        } = turn;
+        let described_at = *described_at;
+        if busy
+            && self
+                .published
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(900))
+        {
+            return Ok(());
+        }
+        self.published = Some(Instant::now());
+        let now = now_secs();
+        let applying = self.drained()? && self.opts.state_dir.join(BACKFILL_DONE).exists();
+        let open: Vec<&str> = ready.iter().map(String::as_str).collect();
+        let lineage = Lineage {
+            open: &open,
+            waiting: shards
+                .iter()
+                .filter(|s| !finished.contains(&s.id) && !ready.contains(&s.id))
+                .count(),
+            described_at,
+        };
+        let (lag, through) = lag_and_through(&lineage, &self.progress, now);
+        if applying {
+            for (id, (b, marker_at)) in self.barriers.iter_mut() {
+                if b.complete_at.is_none()
+                    && barrier_complete(b, *marker_at, &lineage, &self.progress)
+                {
+                    b.complete_at = Some(now);
+                    self.store
+                        .put(&format!("tail/barrier/{id}"), &(b.clone(), *marker_at))?;
+                }
+            }
+        }
+        let status = TailStatus {
+            pid: std::process::id(),
+            updated_at: rfc3339(now),
+            applied_through: (applying && through.is_finite()).then(|| rfc3339(through)),
+            lag_seconds: if applying { lag } else { None },
+            backfill_done: self.opts.state_dir.join(BACKFILL_DONE).exists(),
+            records: self.report.records,
+            buffered: self.report.buffered,
+            puts: self.report.puts,
+            deletes: self.report.deletes,
+            updates: self.report.updates,
+            rejected: self.report.rejected,
+            shards: shards
+                .iter()
+                .map(|s| {
+                    let p = self.progress.get(&s.id).cloned().unwrap_or_default();
+                    let state = if finished.contains(&s.id) {
+                        "finished"
+                    } else if !ready.contains(&s.id) {
+                        "waiting"
+                    } else if s.closed {
+                        "closed"
+                    } else {
+                        "open"
+                    };
+                    let one = Lineage {
+                        open: &[s.id.as_str()],
+                        waiting: 0,
+                        described_at,
+                    };
+                    let (shard_lag, _) = lag_and_through(&one, &self.progress, now);
+                    ShardStatus {
+                        shard_id: s.id.clone(),
+                        state: state.into(),
+                        last_sequence: states.get(&s.id).and_then(|st| st.seq.clone()),
+                        last_record_at: p.record_at.map(rfc3339),
+                        lag_seconds: if state == "finished" {
+                            Some(0.0)
+                        } else {
+                            shard_lag
+                        },
+                    }
+                })
+                .collect(),
+            barriers: self
+                .barriers
+                .iter()
+                .map(|(k, (b, _))| (k.clone(), b.clone()))
+                .collect(),
+            stopped: false,
+        };
+        self.store.put("tail/status", &status)?;
+        let path = status_path(&self.opts.state_dir);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&status)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        let lag_text = match status.lag_seconds {
+            Some(l) => format!("lag {l:.1} s"),
+            None if applying => "lag unknown".into(),
+            None => "buffering until the backfill is done".into(),
+        };
+        progress.status(
+            format!(
+                "{} records, {} buffered, {lag_text}, {} shards",
+                self.report.records, self.report.buffered, self.report.shards
+            ),
+            serde_json::to_value(&status)?,
+        );
+        progress.update(self.report.records, 0.0);
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct LaneResult {
+    puts: u64,
+    deletes: u64,
+    updates: u64,
+    rejects: Vec<(Item, String)>,
+    newest: Option<f64>,
+}
+
+pub(crate) fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Generations from the oldest known ancestor: buffered records are applied
+/// in this order, so a parent's records always precede its children's.
+fn depth(shards: &[ShardInfo], id: &str) -> usize {
+    let parents: BTreeMap<&str, Option<&str>> = shards
+        .iter()
+        .map(|s| (s.id.as_str(), s.parent.as_deref()))
+        .collect();
+    let mut d = 0;
+    let mut cur = id;
+    while let Some(Some(p)) = parents.get(cur) {
+        d += 1;
+        cur = p;
+        if d > 10_000 {
+            break;
+        }
+    }
+    d
+}
+
+pub(crate) async fn describe_shards(
+    clients: &Clients,
+    stream: &str,
+) -> anyhow::Result<Vec<ShardInfo>> {
+    let mut shards = Vec::new();
+    let mut start: Option<String> = None;
+    loop {
+        let out = clients
+            .streams
+            .describe_stream()
+            .stream_arn(stream)
+            .set_exclusive_start_shard_id(start.take())
+            .send()
+            .await
+            .map_err(|e| clients.streams_error("DescribeStream", stream, e))?;
+        let Some(desc) = out.stream_description() else {
+            break;
+        };
+        for s in desc.shards() {
+            shards.push(ShardInfo {
+                id: s.shard_id().unwrap_or_default().to_string(),
+                parent: s.parent_shard_id().map(str::to_string),
+                closed: s
+                    .sequence_number_range()
+                    .and_then(|r| r.ending_sequence_number())
+                    .is_some(),
+            });
+        }
+        match desc.last_evaluated_shard_id() {
+            Some(last) => start = Some(last.to_string()),
+            None => break,
+        }
+    }
+    Ok(shards)
+}
+
+async fn shard_iterator(
+    clients: &Clients,
+    stream: &str,
+    shard: &str,
+    after: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut req = clients
+        .streams
+        .get_shard_iterator()
+        .stream_arn(stream)
+        .shard_id(shard);
+    req = match after {
+        Some(seq) => req
+            .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+            .sequence_number(seq),
+        // No checkpoint: from the oldest record kept, which is at or before the
+        // moment any backfill started after the stream was enabled.
+        None => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+    };
+    let out = req
+        .send()
+        .await
+        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
+    out.shard_iterator()
+        .map(str::to_string)
+        .context("GetShardIterator returned no iterator")
+}
+
+/// One action of a change against the target, counted into its lane's result.
+async fn apply_action(
+    clients: &Clients,
+    plan: &Plan,
+    control: &Control,
+    action: Action,
+    r: &mut LaneResult,
+) -> anyhow::Result<()> {
+    match action {
+        Action::Put(item) => {
+            write(clients, &plan.target_table, control, |c| {
+                let item = to_sdk_item(&item);
+                async move {
+                    c.dynamodb
+                        .put_item()
+                        .table_name(&plan.target_table)
+                        .set_item(Some(item))
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| c.error("PutItem", &plan.target_table, e))
+                }
+            })
+            .await?;
+            r.puts += 1;
+        }
+        Action::Delete(key) => {
+            write(clients, &plan.target_table, control, |c| {
+                let key = to_sdk_item(&key);
+                async move {
+                    c.dynamodb
+                        .delete_item()
+                        .table_name(&plan.target_table)
+                        .set_key(Some(key))
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| c.error("DeleteItem", &plan.target_table, e))
+                }
+            })
+            .await?;
+            r.deletes += 1;
+        }
+        Action::Update(w) => {
+            // A failed condition means the application wrote the item after
+            // this record: re-read, decide again (a later record of the lane
+            // will see the same item and find nothing to do).
+            let key = w.key.clone();
+            match inplace::apply(
+                clients,
+                plan,
+                control,
+                Direction::Forward,
+                Decision::Write(w),
+                10,
+            )
+            .await?
+            {
+                Applied::Written { .. } => r.updates += 1,
+                Applied::Skipped { .. } => {}
+                Applied::Rejected { reason, .. } => {
+                    r.rejects.push((key, reason));
+                }
+            }
+        }
+        Action::Reject { item, reason } => r.rejects.push((item, reason)),
+    }
+    Ok(())
+}
+
+/// One target write, retried through throttles and transient failures.
+async fn write<'c, F, Fut>(
+    clients: &'c Clients,
+    table: &str,
+    control: &Control,
+    call: F,
+) -> anyhow::Result<()>
+where
+    F: Fn(&'c Clients) -> Fut,
+    Fut: std::future::Future<Output = Result<(), AwsError>>,
+{
+    let mut attempt = 0;
+    let mut failures = 0;
+    loop {
+        control.acquire_write(1.0).await;
+        match call(clients).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_throttle() => {
+                control.write_throttled(&e, attempt).await;
+                attempt = (attempt + 1).min(6);
+            }
+            Err(e) if e.is_transient() && failures < 10 => {
+                failures += 1;
+                tokio::time::sleep(backoff(failures, jitter())).await;
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("tail write to `{table}`"))),
+        }
+    }
+}
+
+/// Mark the backfill complete for the tail (atomically: write, then rename).
+pub fn mark_backfill_done(state_dir: &Path) -> anyhow::Result<()> {
+    let tmp = state_dir.join(format!("{BACKFILL_DONE}.tmp"));
+    std::fs::write(&tmp, b"done\n").with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, state_dir.join(BACKFILL_DONE))
+        .with_context(|| format!("cannot write {}", state_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAN: &str = r#"
+[source]
+table = "s"
+partition_key = "PK"
+[target]
+table = "t"
+partition_key = "PK"
+sort_key = "SK"
+[options]
+ttl_deletes = "ignore"
+[[rule]]
+match = { PK = "O#{id}" }
+key = { PK = "ST#{@status}#{shard(id, 4)}", SK = "{id}" }
+"#;
+
+    fn plan() -> Plan {
+        Plan::parse(PLAN, Path::new("p")).unwrap()
+    }
+
+    fn order(id: &str, status: &str) -> Item {
+        let mut i = Item::new();
+        i.insert("PK".into(), Value::S(format!("O#{id}")));
+        i.insert("status".into(), Value::S(status.into()));
+        i
+    }
+
+    fn change(kind: ChangeKind, old: Option<Item>, new: Option<Item>) -> Change {
+        Change {
+            kind,
+            old,
+            new,
+            ttl: false,
+            at: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_key_changing_modify_deletes_the_old_target_key_first() {
+        let p = plan();
+        let a = actions(
+            &p,
+            &change(
+                ChangeKind::Modify,
+                Some(order("1", "OPEN")),
+                Some(order("1", "DONE")),
+            ),
+        );
+        assert_eq!(a.len(), 2);
+        let Action::Delete(k) = &a[0] else {
+            panic!("{a:?}")
+        };
+        assert!(matches!(&k["PK"], Value::S(s) if s.starts_with("ST#OPEN#")));
+        let Action::Put(it) = &a[1] else { panic!() };
+        assert!(matches!(&it["PK"], Value::S(s) if s.starts_with("ST#DONE#")));
+        // The same key: just the put.
+        let a = actions(
+            &p,
+            &change(
+                ChangeKind::Modify,
+                Some(order("1", "OPEN")),
+                Some(order("1", "OPEN")),
+            ),
+        );
+        assert!(matches!(a.as_slice(), [Action::Put(_)]));
+    }
+
+    #[test]
+    fn removes_delete_the_transformed_old_key_and_ttl_follows_the_plan() {
+        let p = plan();
+        let a = actions(
+            &p,
+            &change(ChangeKind::Remove, Some(order("1", "OPEN")), None),
+        );
+        assert!(matches!(a.as_slice(), [Action::Delete(_)]));
+        let mut ttl = change(ChangeKind::Remove, Some(order("1", "OPEN")), None);
+        ttl.ttl = true;
+        assert!(actions(&p, &ttl).is_empty(), "ttl_deletes = ignore");
+    }
+
+    #[test]
+    fn an_item_that_stops_mapping_leaves_nothing_behind() {
+        let p = plan();
+        let mut bad = order("1", "OPEN");
+        bad.remove("status");
+        let a = actions(
+            &p,
+            &change(ChangeKind::Modify, Some(order("1", "OPEN")), Some(bad)),
+        );
+        assert!(
+            matches!(a.as_slice(), [Action::Delete(_), Action::Reject { .. }]),
+            "{a:?}"
+        );
+    }
+
+    const IN_PLACE: &str = r#"
+[source]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[target]
+table = "tasks"
+partition_key = "PK"
+sort_key = "SK"
+[options]
+unmatched = "skip"
+[[rule]]
+match = { PK = "T#{t}", SK = "TASK#{id}" }
+set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
+"#;
+
+    fn task(status: &str, gsi: Option<&str>) -> Item {
+        let mut i = Item::new();
+        i.insert("PK".into(), Value::S("T#a".into()));
+        i.insert("SK".into(), Value::S("TASK#1".into()));
+        i.insert("status".into(), Value::S(status.into()));
+        if let Some(g) = gsi {
+            i.insert("GSI2PK".into(), Value::S(g.into()));
+        }
+        i
+    }
+
+    #[test]
+    fn in_place_the_tail_updates_wrong_items_and_ignores_its_own_writes() {
+        let p = Plan::parse(IN_PLACE, Path::new("p")).unwrap();
+        // An application insert without the attribute: one conditional update.
+        let a = actions(
+            &p,
+            &change(ChangeKind::Insert, None, Some(task("OPEN", None))),
+        );
+        let [Action::Update(w)] = a.as_slice() else {
+            panic!("{a:?}")
+        };
+        assert_eq!(w.set[0].0, "GSI2PK");
+        assert!(
+            w.expect
+                .contains(&("status".into(), Some(Value::S("OPEN".into()))))
+        );
+        // The MODIFY that update produces: already right, nothing to do.
+        let right = match transform(&p, &task("OPEN", None)) {
+            Outcome::Put { item, .. } => item,
+            o => panic!("{o:?}"),
+        };
+        let own = change(
+            ChangeKind::Modify,
+            Some(task("OPEN", None)),
+            Some(right.clone()),
+        );
+        assert!(actions(&p, &own).is_empty());
+        // The application changes the status: recompute.
+        let mut moved = right.clone();
+        moved.insert("status".into(), Value::S("DONE".into()));
+        let a = actions(
+            &p,
+            &change(ChangeKind::Modify, Some(right.clone()), Some(moved)),
+        );
+        assert!(matches!(a.as_slice(), [Action::Update(_)]), "{a:?}");
+        // Deletes need nothing; neither do unmatched items.
+        assert!(actions(&p, &change(ChangeKind::Remove, Some(right), None)).is_empty());
+        let mut note = task("OPEN", None);
+        note.insert("SK".into(), Value::S("NOTE#1".into()));
+        assert!(actions(&p, &change(ChangeKind::Insert, None, Some(note))).is_empty());
+        // A new image the plan cannot compute is a reject, never a write.
+        let mut bad = task("OPEN", None);
+        bad.remove("status");
+        assert!(matches!(
+            actions(&p, &change(ChangeKind::Insert, None, Some(bad))).as_slice(),
+            [Action::Reject { .. }]
+        ));
+    }
+
+    #[test]
+    fn children_wait_for_their_parents() {
+        let s = |id: &str, parent: Option<&str>| ShardInfo {
+            id: id.into(),
+            parent: parent.map(str::to_string),
+            closed: false,
+        };
+        let shards = vec![
+            s("a", None),
+            s("b", Some("a")),
+            s("c", Some("a")),
+            s("d", Some("gone")),
+        ];
+        let mut done = HashSet::new();
+        assert_eq!(ready_shards(&shards, &done), vec!["a", "d"]);
+        done.insert("a".to_string());
+        assert_eq!(ready_shards(&shards, &done), vec!["b", "c", "d"]);
+        assert_eq!(depth(&shards, "b"), 1);
+    }
+
+    fn progress(entries: &[(&str, Option<f64>, Option<f64>)]) -> HashMap<String, ShardProgress> {
+        entries
+            .iter()
+            .map(|(id, record_at, empty_read_at)| {
+                (
+                    id.to_string(),
+                    ShardProgress {
+                        record_at: *record_at,
+                        empty_read_at: *empty_read_at,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
+        Lineage {
+            open,
+            waiting: 0,
+            described_at: 1000.0,
+        }
+    }
+
+    #[test]
+    fn applied_through_is_held_back_by_the_slowest_shard() {
+        // a: drained at 100; b: busy, last applied record from 90.
+        let p = progress(&[("a", Some(95.0), Some(100.0)), ("b", Some(90.0), None)]);
+        let (lag, through) = lag_and_through(&lineage(&["a", "b"]), &p, 101.0);
+        assert_eq!(through, 90.0);
+        assert_eq!(lag, Some(11.0), "b's last record is 11 s old");
+        // Only a: drained, so through is its read time less the stream delay.
+        let (lag, through) = lag_and_through(&lineage(&["a"]), &p, 101.0);
+        assert_eq!((lag, through), (Some(0.0), 100.0 - STREAM_DELAY_SECONDS));
+        // A shard never read holds everything back, and its lag is unknown.
+        let (lag, through) = lag_and_through(&lineage(&["a", "new"]), &p, 101.0);
+        assert_eq!((lag, through), (None, f64::NEG_INFINITY));
+    }
+
+    /// Regression: a drained parent let the tail claim "applied through" its
+    /// read time while a child shard, not read yet, held older records.
+    #[test]
+    fn applied_through_claims_nothing_while_a_child_shard_waits_or_past_the_describe() {
+        let p = progress(&[("parent", Some(95.0), Some(100.0))]);
+        let waiting = Lineage {
+            open: &["parent"],
+            waiting: 1,
+            described_at: 1000.0,
+        };
+        let (lag, through) = lag_and_through(&waiting, &p, 101.0);
+        assert_eq!(through, f64::NEG_INFINITY);
+        assert_eq!(lag, Some(0.0), "lag is the open shards' alone");
+        // A shard created after the describe is unknown: no claim past it.
+        let stale = Lineage {
+            open: &["parent"],
+            waiting: 0,
+            described_at: 97.0,
+        };
+        assert_eq!(lag_and_through(&stale, &p, 101.0).1, 97.0);
+    }
+
+    #[test]
+    fn a_barrier_completes_only_when_every_open_shard_has_moved_past_it() {
+        let b = BarrierState {
+            observed_at: 200.0,
+            complete_at: None,
+        };
+        let marker_at = 199.0;
+        // b drained before the observation, c's newest record is from the marker's second.
+        let p = progress(&[
+            ("a", Some(199.0), Some(201.0)),
+            ("b", None, Some(150.0)),
+            ("c", Some(199.0), None),
+        ]);
+        assert!(!barrier_complete(
+            &b,
+            marker_at,
+            &lineage(&["a", "b", "c"]),
+            &p
+        ));
+        assert!(barrier_complete(&b, marker_at, &lineage(&["a"]), &p));
+        // Not while a child shard waits, nor on a shard list older than the marker.
+        let waiting = Lineage {
+            waiting: 1,
+            ..lineage(&["a"])
+        };
+        assert!(!barrier_complete(&b, marker_at, &waiting, &p));
+        let old_list = Lineage {
+            described_at: 199.5,
+            ..lineage(&["a"])
+        };
+        assert!(!barrier_complete(&b, marker_at, &old_list, &p));
+        // b drained after it, c applied a record from a later second.
+        let p = progress(&[
+            ("a", Some(199.0), Some(201.0)),
+            ("b", None, Some(200.5)),
+            ("c", Some(200.0), None),
+        ]);
+        assert!(barrier_complete(
+            &b,
+            marker_at,
+            &lineage(&["a", "b", "c"]),
+            &p
+        ));
+    }
+
+    #[test]
+    fn sequence_numbers_order_as_numbers() {
+        assert!(seq_key("9") < seq_key("10"));
+        assert!(seq_key("000100") == seq_key("100") || seq_key("100") > seq_key("99"));
+    }
+}

@@ -1,0 +1,291 @@
+//! A second, short-lived reader of the source's stream: which source items
+//! were written during a window, and which target keys their new images map to?
+//!
+//! verify's re-checks need it. A Scan is not a snapshot: an item can map to
+//! target key K, move away just before the orphan pass reads it, and move back
+//! before K is re-checked — the pass saw nothing map to K, yet K is the item's
+//! rightful copy. Every such move is a stream record whose new image maps to K,
+//! so a watch started before the pass sees it (ARCHITECTURE.md, "Orphans
+//! without the prefix"). And two equal reads of an item do not prove it was not
+//! written in between (A→B→A); a count of its stream records does.
+//!
+//! The watch starts at LATEST on the open shards and reads shards created later
+//! from their trim horizon; order between shards does not matter for a set of
+//! keys. `through()` follows the tail's rule (a read at `t` that found the shard
+//! drained covers writes before `t - 1 s`; nothing past the last describe),
+//! where a read that returned less than a full page (by count and by size)
+//! counts as drained: under a steady write load no read is ever empty. A watch cannot resume after a
+//! restart — LATEST is gone — so the pass that depends on it is redone.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodbstreams::types::ShardIteratorType;
+
+use crate::aws::Clients;
+use crate::core::plan::Plan;
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+use crate::phase::tail::{
+    Lineage, ShardProgress, describe_shards, lag_and_through, now_secs, streams_item,
+};
+
+/// A source write seen by the watch: the item written, and the target key its
+/// new image maps to (None for a delete, or an image the plan does not map).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Touch {
+    pub source_key: Item,
+    pub target_key: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Default)]
+struct ShardWatch {
+    iterator: Option<String>,
+    /// The last record read: where a new iterator resumes.
+    seq: Option<String>,
+    finished: bool,
+    progress: ShardProgress,
+}
+
+pub struct Watch {
+    clients: Clients,
+    plan: Plan,
+    stream: String,
+    shards: HashMap<String, ShardWatch>,
+    described_at: f64,
+}
+
+impl Watch {
+    /// Start watching the source's stream now. None when the source has no
+    /// stream (then no tail runs either, and nothing can be watched).
+    pub async fn start(clients: &Clients, plan: &Plan) -> anyhow::Result<Option<Watch>> {
+        let info = clients.describe_table(&plan.source_table).await?;
+        let Some(stream) = info.stream else {
+            return Ok(None);
+        };
+        if !stream.view.contains("NEW") {
+            anyhow::bail!(crate::ops::cli::InputError(format!(
+                "table `{}` streams {} records; verify reads new images from the stream \
+                 (the tail needs NEW_AND_OLD_IMAGES)",
+                info.name, stream.view
+            )));
+        }
+        let stream = stream.arn;
+        let described_at = now_secs();
+        let mut shards = HashMap::new();
+        for s in describe_shards(clients, &stream).await? {
+            // A shard closed now holds only writes from before the watch.
+            let mut w = ShardWatch {
+                finished: s.closed,
+                ..Default::default()
+            };
+            if !s.closed {
+                w.iterator =
+                    Some(iterator(clients, &stream, &s.id, ShardIteratorType::Latest, None).await?);
+            }
+            shards.insert(s.id, w);
+        }
+        Ok(Some(Watch {
+            clients: clients.clone(),
+            plan: plan.clone(),
+            stream,
+            shards,
+            described_at,
+        }))
+    }
+
+    /// One read of every shard still open: every write found, in no order.
+    pub async fn poll(&mut self) -> anyhow::Result<Vec<Touch>> {
+        // DescribeStream is rate-limited per account (and the tail calls it
+        // too): about once a second, which is also how far `through` can lag.
+        let described_at = now_secs();
+        if described_at - self.described_at >= DESCRIBE_EVERY_SECONDS {
+            for s in describe_shards(&self.clients, &self.stream).await? {
+                // Created after the watch started: every record in it is in the window.
+                self.shards.entry(s.id).or_default();
+            }
+            self.described_at = described_at;
+        }
+        let names = self.plan.source_key.names();
+        let tnames = self.plan.target_key.names();
+        let mut touches = Vec::new();
+        let ids: Vec<String> = self
+            .shards
+            .iter()
+            .filter(|(_, w)| !w.finished)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            let w = self.shards.get_mut(&id).expect("listed above");
+            let it = match w.iterator.take() {
+                Some(i) => i,
+                None => {
+                    let (kind, after) = match &w.seq {
+                        Some(seq) => (ShardIteratorType::AfterSequenceNumber, Some(seq.as_str())),
+                        None => (ShardIteratorType::TrimHorizon, None),
+                    };
+                    iterator(&self.clients, &self.stream, &id, kind, after).await?
+                }
+            };
+            let read_at = now_secs();
+            let out = match self
+                .clients
+                .streams
+                .get_records()
+                .shard_iterator(&it)
+                .limit(PAGE)
+                .send()
+                .await
+            {
+                Ok(o) => o,
+                Err(e) => {
+                    let code = aws_sdk_dynamodbstreams::error::ProvideErrorMetadata::code(&e)
+                        .unwrap_or("")
+                        .to_string();
+                    // An expired iterator is re-made from the last record read;
+                    // one that never read a record started at LATEST, which
+                    // cannot be re-made: the watch has a gap.
+                    if code == "ExpiredIteratorException" && w.seq.is_some() {
+                        continue;
+                    }
+                    return Err(anyhow::Error::from(self.clients.streams_error(
+                        "GetRecords",
+                        &self.stream,
+                        e,
+                    ))
+                    .context(format!("watching shard {id}")));
+                }
+            };
+            for r in out.records() {
+                let Some(d) = r.dynamodb() else { continue };
+                if let Some(seq) = d.sequence_number() {
+                    w.seq = Some(seq.to_string());
+                }
+                if let Some(at) = d.approximate_creation_date_time() {
+                    let at = at.as_secs_f64();
+                    w.progress.record_at = Some(w.progress.record_at.map_or(at, |r| r.max(at)));
+                }
+                let Some(keys) = d.keys().and_then(streams_item) else {
+                    continue;
+                };
+                let source_key: Item = names
+                    .iter()
+                    .filter_map(|n| keys.get(*n).map(|v| (n.to_string(), v.clone())))
+                    .collect();
+                if source_key.len() != names.len() {
+                    continue;
+                }
+                let target_key =
+                    d.new_image().and_then(streams_item).and_then(|new| {
+                        match transform(&self.plan, &new) {
+                            Outcome::Put { item, .. } => encode_key(&item, &tnames),
+                            _ => None,
+                        }
+                    });
+                touches.push(Touch {
+                    source_key,
+                    target_key,
+                });
+            }
+            if drained(out.records()) {
+                w.progress.empty_read_at = Some(read_at);
+            }
+            match out.next_shard_iterator() {
+                Some(next) => w.iterator = Some(next.to_string()),
+                None => w.finished = true,
+            }
+        }
+        Ok(touches)
+    }
+
+    /// Every write created before this instant (seconds since the epoch) has
+    /// been read.
+    pub fn through(&self) -> f64 {
+        let open: Vec<&str> = self
+            .shards
+            .iter()
+            .filter(|(_, w)| !w.finished)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        let progress: HashMap<String, ShardProgress> = self
+            .shards
+            .iter()
+            .map(|(id, w)| (id.clone(), w.progress.clone()))
+            .collect();
+        let lineage = Lineage {
+            open: &open,
+            waiting: 0,
+            described_at: self.described_at,
+        };
+        lag_and_through(&lineage, &progress, now_secs()).1
+    }
+}
+
+/// How often a poll lists the stream's shards.
+const DESCRIBE_EVERY_SECONDS: f64 = 1.0;
+/// Records asked for per GetRecords call (DynamoDB's maximum).
+const PAGE: i32 = 1000;
+/// GetRecords also stops at 1 MB of records.
+const PAGE_BYTES: i64 = 1 << 20;
+/// DynamoDB's largest item.
+const MAX_ITEM_BYTES: i64 = 400 * 1024;
+
+/// Whether a GetRecords page ended because the shard had nothing more, not at
+/// a limit: fewer records than asked for, and room left for one more of the
+/// largest size (so the 1 MB cap did not cut it either).
+fn drained(records: &[aws_sdk_dynamodbstreams::types::Record]) -> bool {
+    let bytes: i64 = records
+        .iter()
+        .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
+        .sum();
+    records.len() < PAGE as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
+}
+
+async fn iterator(
+    clients: &Clients,
+    stream: &str,
+    shard: &str,
+    kind: ShardIteratorType,
+    after: Option<&str>,
+) -> anyhow::Result<String> {
+    let out = clients
+        .streams
+        .get_shard_iterator()
+        .stream_arn(stream)
+        .shard_id(shard)
+        .shard_iterator_type(kind)
+        .set_sequence_number(after.map(str::to_string))
+        .send()
+        .await
+        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
+    out.shard_iterator()
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("GetShardIterator returned no iterator for {shard}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodbstreams::types::{Record, StreamRecord};
+
+    fn page(n: usize, each: i64) -> Vec<Record> {
+        (0..n)
+            .map(|_| {
+                Record::builder()
+                    .dynamodb(StreamRecord::builder().size_bytes(each).build())
+                    .build()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
+        assert!(drained(&[]));
+        assert!(drained(&page(999, 100)));
+        assert!(!drained(&page(1000, 100)), "cut at 1,000 records");
+        assert!(!drained(&page(3, 300 * 1024)), "maybe cut at 1 MB");
+        assert!(
+            drained(&page(1, 500 * 1024)),
+            "another 400 KB item would have fit"
+        );
+    }
+}
