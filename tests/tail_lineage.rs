@@ -224,7 +224,9 @@ async fn setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf, std::path::P
     let state = env.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     // No backfill in these tests: the tail applies as it reads.
-    rekey::phase::tail::mark_backfill_done(&state).unwrap();
+    rekey::state::StateDir::new(&state)
+        .mark_backfill_done()
+        .unwrap();
     (
         target,
         Plan::parse(&text, &plan_path).unwrap(),

@@ -592,7 +592,7 @@ async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
     assert!(out.status.success(), "backfill: {}", stderr(&out));
     let mut tail = o.env.spawn(&["-q", "tail", plan, "--state-dir", state]);
     // Without a tail status verify assumes writes have stopped: wait for one.
-    let status = rekey::phase::tail::status_path(&o.state);
+    let status = rekey::state::StateDir::new(&o.state).tail_snapshot();
     let started = std::time::Instant::now();
     while !std::fs::read_to_string(&status).is_ok_and(|t| t.contains("applied_through\": \"")) {
         assert!(

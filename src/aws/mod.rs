@@ -26,6 +26,7 @@ use crate::core::value::{Item, ScalarType, Value};
 pub mod endpoint;
 pub mod export;
 pub mod rate;
+pub mod retry;
 pub mod scan;
 pub mod write;
 

@@ -16,7 +16,7 @@ use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
 use crate::aws::AwsError;
-use crate::aws::write::{backoff, jitter};
+use crate::aws::retry::{backoff, jitter};
 
 /// A rate as an operator gives it: capacity units per second (`500`), or a
 /// share of the table's provisioned capacity (`25%`).

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, Select};
 use tokio::task::JoinSet;
 
 use crate::aws::rate::Control;
-use crate::aws::write::{backoff, jitter};
+use crate::aws::retry::{backoff, jitter};
 use crate::aws::{Clients, from_sdk_item};
 
 /// Consecutive transient failures (5xx, resets) of one Scan page before the run stops.

@@ -11,31 +11,15 @@
 //! rejected.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{PutRequest, ReturnConsumedCapacity, WriteRequest};
 
 use crate::aws::rate::Control;
+use crate::aws::retry::{backoff, jitter};
 use crate::aws::{AwsError, Clients, to_sdk_item};
 use crate::core::value::{Item, item_size, write_units};
 
 pub const BATCH: usize = 25;
-
-/// Backoff for retry `attempt` (0-based): exponential from 50 ms, capped at
-/// 5 s, with full jitter so that parallel writers do not retry in lockstep.
-pub fn backoff(attempt: u32, jitter: f64) -> Duration {
-    let base = 0.05 * 2f64.powi(attempt.min(16) as i32);
-    Duration::from_secs_f64(base.min(5.0) * jitter.clamp(0.0, 1.0))
-}
-
-/// A cheap jitter source; the quality of randomness does not matter here, only
-/// that concurrent writers differ.
-pub fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    (h.finish() % 1_000_000) as f64 / 1_000_000.0
-}
 
 /// What happened to a batch: capacity consumed, and for each item `None`
 /// (written) or the reason DynamoDB refused it.

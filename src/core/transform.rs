@@ -151,7 +151,7 @@ pub fn transform(plan: &Plan, item: &Item) -> Outcome {
         }
     }
     // rekey's own drain markers (barrier.rs) pass through the source only.
-    if crate::phase::barrier::marker_id(plan, item).is_some() {
+    if crate::core::marker::marker_id(plan, item).is_some() {
         return Outcome::Skip;
     }
     let Some((index, rule, captures)) = match_rule(plan, item) else {

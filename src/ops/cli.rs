@@ -27,15 +27,7 @@ pub mod exit {
     pub const AWS: i32 = 5;
 }
 
-/// Bad input other than the plan: a sample file, an argument combination.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct InputError(pub String);
-
-/// A gate that must hold before going on did not (exit 3).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct GateNotMet(pub String);
+pub use crate::phase::error::{GateNotMet, InputError};
 
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     for cause in err.chain() {

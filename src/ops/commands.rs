@@ -5,16 +5,17 @@
 use crate::aws::Clients;
 use crate::core::plan::Plan;
 use crate::ops::cli::{AwsArgs, Cli, Command, InputError, PolicyCommandArg, ReportArgs, exit};
-use crate::ops::progress::{Progress, ProgressMode};
+use crate::ops::progress::{self, ProgressMode};
 use crate::ops::redact::{PlanRedactor, Redactor};
 use crate::phase::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::phase::backfill::{self, BackfillOptions};
 use crate::phase::tail::{self, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
+use crate::state::StateDir;
 use crate::state::control::ControlFile;
 use crate::state::rejects::RejectsFile;
 use crate::{
-    ops::demo, ops::iam, phase::barrier, phase::check, phase::cutover, phase::lifecycle, state,
+    ops::demo, ops::iam, phase::barrier, phase::check, phase::cutover, phase::lifecycle,
     state::snapshot,
 };
 
@@ -54,24 +55,24 @@ fn print_done<T: serde::Serialize>(report: &T) -> anyhow::Result<()> {
 }
 
 /// `--state-dir`, or the plan's default.
-fn state_dir_of(plan: &std::path::Path, s: &crate::ops::cli::StateArgs) -> std::path::PathBuf {
+fn state_dir_of(plan: &std::path::Path, s: &crate::ops::cli::StateArgs) -> StateDir {
     s.state_dir
         .clone()
-        .unwrap_or_else(|| state::default_dir(plan))
+        .map_or_else(|| StateDir::for_plan(plan), StateDir::new)
 }
 
 fn backfill_options(
     c: &crate::ops::cli::CopyArgs,
-    state_dir: std::path::PathBuf,
+    state_dir: StateDir,
     undo: bool,
 ) -> BackfillOptions {
     BackfillOptions {
         rejects: c.rejects.clone().unwrap_or_else(|| {
-            state_dir.join(if undo {
-                "undo-rejects.jsonl"
+            if undo {
+                state_dir.undo_rejects()
             } else {
-                "rejects.jsonl"
-            })
+                state_dir.rejects()
+            }
         }),
         state_dir,
         segments: c.scan.segments,
@@ -88,14 +89,14 @@ fn backfill_options(
 }
 
 fn tail_options(
-    state_dir: &std::path::Path,
+    state_dir: &StateDir,
     rejects: Option<std::path::PathBuf>,
     exit_when_idle: Option<std::time::Duration>,
     write_rate: Option<f64>,
 ) -> TailOptions {
     TailOptions {
-        rejects: rejects.unwrap_or_else(|| state_dir.join("tail-rejects.jsonl")),
-        state_dir: state_dir.to_path_buf(),
+        rejects: rejects.unwrap_or_else(|| state_dir.tail_rejects()),
+        state_dir: state_dir.clone(),
         exit_when_idle,
         write_rate,
         poll_interval: std::time::Duration::from_millis(250),
@@ -153,7 +154,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let plan = Plan::load(&a.plan)?;
             let clients = connect(&cli.aws, quiet).await?;
             let rejects = a.rejects.as_deref().map(RejectsFile::open).transpose()?;
-            let progress = Progress::new(mode(a.json));
+            let progress = progress::new(mode(a.json));
             let settings = ScanSettings {
                 segments: a.scan.segments,
                 read_rate: a.scan.read_rate,
@@ -181,7 +182,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let state_dir = state_dir_of(&a.plan, &a.state);
             let opts = backfill_options(&a.copy, state_dir, undo);
             let clients = connect(&cli.aws, quiet).await?;
-            let progress = Progress::new(stream_mode(quiet, a.json));
+            let progress = progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_done(&report)?;
@@ -230,7 +231,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 a.write_rate,
             );
             let clients = connect(&cli.aws, quiet).await?;
-            let progress = Progress::new(stream_mode(quiet, a.json));
+            let progress = progress::new(stream_mode(quiet, a.json));
             let report = tail::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_done(&report)?;
@@ -274,11 +275,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 restart: a.restart,
                 repair: a.repair,
                 sample: a.sample,
-                show_keys: cli.show_keys,
                 max_retries: 10,
             };
             let clients = connect(&cli.aws, quiet).await?;
-            let progress = Progress::new(stream_mode(quiet, a.json));
+            let progress = progress::new(stream_mode(quiet, a.json));
             if plan.mode == crate::core::plan::Mode::InPlace {
                 let report =
                     crate::phase::inplace::verify::run(&clients, &plan, &opts, &progress).await?;
@@ -310,7 +310,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     exit::DIFFERENCES
                 });
             }
-            let report = verify::run(&clients, &plan, &opts, &progress).await?;
+            let mut report = verify::run(&clients, &plan, &opts, &progress).await?;
+            PlanRedactor::new(&plan, redactor).verify(&mut report);
             if a.json {
                 print_done(&report)?;
             } else {
@@ -355,7 +356,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     restart: false,
                     repair: false,
                     sample: None,
-                    show_keys: cli.show_keys,
                     max_retries: 10,
                 },
                 drain_timeout: secs(a.drain_timeout),
@@ -363,7 +363,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 state_dir,
             };
             let clients = connect(&cli.aws, quiet).await?;
-            let progress = Progress::new(stream_mode(quiet, a.json));
+            let progress = progress::new(stream_mode(quiet, a.json));
             let report = lifecycle::run(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_done(&report)?;
@@ -420,7 +420,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 postpone_file: a
                     .postpone_file
                     .clone()
-                    .unwrap_or_else(|| state_dir.join("postpone")),
+                    .unwrap_or_else(|| state_dir.postpone()),
                 state_dir,
                 max_lag: a.max_lag,
                 max_verify_age: secs(a.max_verify_age),
@@ -429,7 +429,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 drain_timeout: secs(a.drain_timeout),
             };
             let clients = connect(&cli.aws, quiet).await?;
-            let progress = Progress::new(mode(a.json));
+            let progress = progress::new(mode(a.json));
             let report = cutover::cutover(&clients, &plan, &opts, &progress).await?;
             if a.json {
                 print_json(&report)?;
@@ -526,7 +526,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(exit::OK)
         }
         Command::Demo(a) => {
-            let progress = Progress::new(mode(a.json));
+            let progress = progress::new(mode(a.json));
             let opts = demo::DemoOptions {
                 items: a.items,
                 moto_server: a.moto_server,

@@ -13,8 +13,8 @@ use crate::aws::{AwsOptions, Clients};
 use crate::core::plan::Plan;
 use crate::core::value::{Item, Value};
 use crate::local::{LocalOptions, LocalServer};
-use crate::ops::progress::Progress;
 use crate::phase::analyze::{self, AnalyzeOptions, Report, ScanSettings};
+use crate::phase::progress::Progress;
 
 pub const DEMO_PLAN: &str = include_str!("../../plans/tenant-day-shard.toml");
 /// Items/s the demo's application writes, for the load estimate: enough that

@@ -164,7 +164,7 @@ pub const ACTIONS_USED: &[ActionUse] = &[
 ];
 
 /// The partition-key prefix of the drain barrier's marker items.
-use crate::phase::barrier::MARKER_PREFIX;
+use crate::core::marker::MARKER_PREFIX;
 
 /// Statement ids, one per purpose.
 pub mod sid {

@@ -1,4 +1,5 @@
-//! Progress output: the one module that talks to the terminal while work runs.
+//! Progress output: the one module that talks to the terminal while work
+//! runs. Phases report to a `phase::progress::Progress`; this is its sink.
 //!
 //! Three ways, chosen once per command:
 //! * on a TTY, an indicatif multi-bar: items with rate and ETA, and under it a
@@ -10,7 +11,7 @@
 //!   command's final line is its report. `--quiet` prints nothing.
 //!
 //! Work that runs beside another (the tail inside `rekey run`) takes a
-//! [`Progress::beside`]: its own bars in the same display on a TTY, its own
+//! `Progress::beside`: its own bars in the same display on a TTY, its own
 //! labelled lines off one.
 
 use std::io::IsTerminal;
@@ -19,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::phase::progress::{Progress, ProgressSink};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProgressMode {
     Auto,
@@ -26,9 +29,14 @@ pub enum ProgressMode {
     Quiet,
 }
 
+/// The progress handle for a command's output mode.
+pub fn new(mode: ProgressMode) -> Progress {
+    Progress::new(Arc::new(Terminal::new(mode)))
+}
+
 /// Cheap to clone: clones share one display.
 #[derive(Clone)]
-pub struct Progress {
+struct Terminal {
     mode: ProgressMode,
     /// The terminal display, on a TTY in Auto mode: shared by everything
     /// started `beside` this progress.
@@ -51,21 +59,16 @@ struct State {
 const PLAIN_EVERY: Duration = Duration::from_secs(10);
 const JSON_EVERY: Duration = Duration::from_secs(5);
 
-impl Progress {
-    pub fn new(mode: ProgressMode) -> Progress {
+impl Terminal {
+    fn new(mode: ProgressMode) -> Terminal {
         let multi = (mode == ProgressMode::Auto && std::io::stderr().is_terminal())
             .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
-        Progress::with_display(mode, multi)
+        Terminal::with_display(mode, multi)
     }
 
-    /// A progress of its own, in the same display.
-    pub fn beside(&self) -> Progress {
-        Progress::with_display(self.mode, self.multi.clone())
-    }
-
-    fn with_display(mode: ProgressMode, multi: Option<MultiProgress>) -> Progress {
+    fn with_display(mode: ProgressMode, multi: Option<MultiProgress>) -> Terminal {
         let now = Instant::now();
-        Progress {
+        Terminal {
             mode,
             multi,
             state: Arc::new(Mutex::new(State {
@@ -83,8 +86,15 @@ impl Progress {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
 
-    pub fn start(&self, label: &str, expected_items: Option<u64>) {
+impl ProgressSink for Terminal {
+    /// A progress of its own, in the same display.
+    fn beside(&self) -> Arc<dyn ProgressSink> {
+        Arc::new(Terminal::with_display(self.mode, self.multi.clone()))
+    }
+
+    fn start(&self, label: &str, expected_items: Option<u64>) {
         let mut s = self.lock();
         s.label = label.to_string();
         s.started = Instant::now();
@@ -134,7 +144,7 @@ impl Progress {
     }
 
     /// `items` so far; `units` consumed capacity since the last call.
-    pub fn update(&self, items: u64, units: f64) {
+    fn update(&self, items: u64, units: f64) {
         if self.mode == ProgressMode::Quiet {
             return;
         }
@@ -183,7 +193,7 @@ impl Progress {
     }
 
     /// Replace the status shown under the counts (text for people, JSON for events).
-    pub fn status(&self, text: String, json: serde_json::Value) {
+    fn status(&self, text: String, json: serde_json::Value) {
         let mut s = self.lock();
         s.message = text;
         s.status = json;
@@ -191,7 +201,7 @@ impl Progress {
 
     /// A line of commentary between phases: a gate, a wait, a next step.
     /// Above the bars on a TTY, on stderr off one, an event with `--json`.
-    pub fn note(&self, text: &str) {
+    fn note(&self, text: &str) {
         match self.mode {
             ProgressMode::Quiet => {}
             ProgressMode::Json => {
@@ -204,7 +214,7 @@ impl Progress {
         }
     }
 
-    pub fn finish(&self) {
+    fn finish(&self) {
         let mut s = self.lock();
         if let Some((main, status)) = s.bars.take() {
             main.finish_and_clear();

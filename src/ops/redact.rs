@@ -47,6 +47,7 @@ use crate::core::template::{Expr, Part, Shape, Template};
 use crate::core::value::{Item, Value};
 use crate::phase::analyze::{Distribution, Report};
 use crate::phase::check::CheckReport;
+use crate::phase::verify::{Example, VerifyReport};
 
 /// The token for `text`: `‹` + the first 8 hex digits of its MD5 + `›`.
 pub fn token(text: &str) -> String {
@@ -482,6 +483,26 @@ impl PlanRedactor {
     }
 
     /// Redact every key value in an analyze report.
+    /// Verify's examples (and its repair's): named by their key, redacted as
+    /// every command redacts keys (the plan's shapes and an orphan's shard
+    /// readable, values hashed), or the key itself with `--show-keys`.
+    pub fn verify(&self, r: &mut VerifyReport) {
+        let repair = r.repair.iter_mut().flat_map(|rep| rep.examples.iter_mut());
+        for e in r.examples.iter_mut().chain(repair) {
+            self.example(e);
+        }
+    }
+
+    fn example(&self, e: &mut Example) {
+        if self.redactor.show {
+            return;
+        }
+        e.key = match &e.named_by {
+            Some((k, target)) => self.key(k, *target),
+            None => self.redactor.key(&[]),
+        };
+    }
+
     pub fn analyze(&self, r: &mut Report) {
         if self.redactor.show {
             return;
@@ -874,5 +895,50 @@ mod tests {
                 proptest::prop_assert!(!out.contains(v.as_str()), "{} shows {}: {}", template, v, out);
             }
         }
+    }
+
+    #[test]
+    fn verify_examples_name_keys_as_every_command_redacts_them() {
+        let src = "version = 1\n[source]\ntable = \"a\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
+                   [target]\ntable = \"b\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
+                   [[rule]]\nmatch = { PK = \"T#{t}\", SK = \"O#{id}\" }\n\
+                   key = { PK = \"T#{t}#S#{shard(id, 16):02}\", SK = \"O#{id}\" }\n";
+        let plan = Plan::parse(src, std::path::Path::new("p.toml")).unwrap();
+        let key = |pk: &str, sk: &str| {
+            let mut i = Item::new();
+            i.insert("PK".into(), Value::S(pk.into()));
+            i.insert("SK".into(), Value::S(sk.into()));
+            i
+        };
+        let m = |kind, named_by: (Item, bool)| Example {
+            kind,
+            key: String::new(),
+            named_by: Some(named_by),
+            attributes: Vec::new(),
+        };
+        let show_key = |keys: &PlanRedactor, e: &Example| {
+            let mut e = e.clone();
+            keys.example(&mut e);
+            e.key
+        };
+        let tok = token;
+        let hidden = PlanRedactor::new(&plan, Redactor { show: false });
+        // An orphan by its target key, its shard readable.
+        use crate::phase::verify::Kind;
+        let mut orphan = m(Kind::Orphan, (key("T#acme#S#07", "O#1"), true));
+        assert_eq!(
+            show_key(&hidden, &orphan),
+            format!("T#{}#S#07 / O#{}", tok("acme"), tok("1"))
+        );
+        // Any other difference by its source key.
+        let missing = m(Kind::Missing, (key("T#acme", "O#1"), false));
+        assert_eq!(
+            show_key(&hidden, &missing),
+            format!("T#{} / O#{}", tok("acme"), tok("1"))
+        );
+        // With --show-keys the example keeps the key verify wrote.
+        orphan.key = "the key".into();
+        let shown = PlanRedactor::new(&plan, Redactor { show: true });
+        assert_eq!(show_key(&shown, &orphan), "the key");
     }
 }

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::state::StateDir;
 use crate::state::claims::Claims;
 use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
@@ -46,16 +47,16 @@ use crate::aws::{Clients, from_sdk_item};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
-use crate::ops::cli::InputError;
-use crate::ops::progress::Progress;
+use crate::phase::error::InputError;
 use crate::phase::inplace::{self, Applied, Direction};
+use crate::phase::progress::Progress;
 use crate::state::control::ControlFile;
 use crate::state::rejects::RejectsFile;
 use crate::state::{Phase, StateStore};
 
 #[derive(Debug, Clone)]
 pub struct BackfillOptions {
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     pub rejects: PathBuf,
     /// Scan segments; fixed by the first run (resume points belong to a segment count).
     pub segments: Option<u32>,
@@ -337,7 +338,7 @@ pub async fn run(
         max_retries: opts.max_retries,
         consumed_wcu: Mutex::new(0.0),
     });
-    let claims = Claims::open(&opts.state_dir.join("claims.redb"))?;
+    let claims = Claims::open(&opts.state_dir.claims())?;
     let ledger = Arc::new(Mutex::new(Ledger {
         keys,
         store,
@@ -372,7 +373,7 @@ pub async fn run(
             let mut samples = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(dir.join("progress.jsonl"))
+                .open(dir.progress_log())
                 .ok();
             let t0 = Instant::now();
             loop {
@@ -425,7 +426,7 @@ pub async fn run(
                 }
                 let counts = ledger.lock().await.totals;
                 let _ = crate::state::snapshot::publish(
-                    &crate::state::snapshot::backfill_path(&dir),
+                    &dir.backfill_snapshot(),
                     &crate::state::snapshot::BackfillStatus {
                         pid: std::process::id(),
                         updated_at: crate::state::snapshot::now_rfc3339(),
@@ -475,14 +476,14 @@ pub async fn run(
     ledger.store.flush()?;
     if !opts.undo {
         // From here on the tail may apply what it captured (ARCHITECTURE.md).
-        crate::phase::tail::mark_backfill_done(&opts.state_dir)?;
+        opts.state_dir.mark_backfill_done()?;
     }
     ledger.rejects.flush_len()?;
     let consumed_wcu = *writer.consumed_wcu.lock().await;
     let consumed_rcu = *consumed_rcu.lock().await;
     let t = ledger.totals;
     crate::state::snapshot::publish(
-        &crate::state::snapshot::backfill_path(&opts.state_dir),
+        &opts.state_dir.backfill_snapshot(),
         &crate::state::snapshot::BackfillStatus {
             pid: std::process::id(),
             updated_at: crate::state::snapshot::now_rfc3339(),

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::Item;
-use crate::ops::cli::InputError;
+use crate::phase::error::InputError;
 use crate::state::itemfile;
 
 #[derive(Debug, Serialize)]

@@ -24,18 +24,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
-use crate::ops::progress::Progress;
 use crate::phase::barrier::{self, DrainOptions};
-use crate::phase::tail::TailStatus;
+use crate::phase::progress::Progress;
+use crate::state::StateDir;
 use crate::state::StateStore;
+use crate::state::snapshot::TailStatus;
 use crate::state::snapshot::{self, BackfillStatus};
 
 /// The file the tail polls: once it exists the tail stops.
-pub const FINISHED: &str = "finished";
-
 #[derive(Debug, Clone)]
 pub struct CutoverOptions {
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     /// Largest acceptable tail lag, seconds.
     pub max_lag: f64,
     /// Oldest acceptable clean verify.
@@ -67,16 +66,16 @@ pub struct Evidence {
 }
 
 impl Evidence {
-    pub fn read(state_dir: &Path) -> anyhow::Result<Evidence> {
-        let tail: Option<TailStatus> = snapshot::read(&crate::phase::tail::status_path(state_dir))?;
+    pub fn read(state_dir: &StateDir) -> anyhow::Result<Evidence> {
+        let tail: Option<TailStatus> = snapshot::read(&state_dir.tail_snapshot())?;
         Ok(Evidence {
-            backfill_done: state_dir.join(crate::phase::tail::BACKFILL_DONE).exists(),
-            backfill: snapshot::read(&snapshot::backfill_path(state_dir))?,
+            backfill_done: state_dir.is_backfill_done(),
+            backfill: snapshot::read(&state_dir.backfill_snapshot())?,
             tail_running: tail.as_ref().is_some_and(|t| snapshot::alive(t.pid)),
             tail,
-            verify: snapshot::read(&snapshot::verify_path(state_dir))?,
-            rejects: snapshot::count_lines(&state_dir.join("rejects.jsonl"))?
-                + snapshot::count_lines(&state_dir.join("tail-rejects.jsonl"))?,
+            verify: snapshot::read(&state_dir.verify_snapshot())?,
+            rejects: snapshot::count_lines(&state_dir.rejects())?
+                + snapshot::count_lines(&state_dir.tail_rejects())?,
         })
     }
 }
@@ -296,7 +295,7 @@ pub async fn cutover(
     };
     store.put("cutover/record", &record)?;
     store.flush()?;
-    snapshot::publish(&snapshot::cutover_path(&opts.state_dir), &record)?;
+    snapshot::publish(&opts.state_dir.cutover_record(), &record)?;
     Ok(CutoverReport {
         cut_over: true,
         gates,
@@ -330,12 +329,12 @@ pub struct FinishReport {
 pub async fn finish(
     clients: &Clients,
     plan: &Plan,
-    state_dir: &Path,
+    state_dir: &StateDir,
     drain_timeout: Duration,
 ) -> anyhow::Result<FinishReport> {
     let store = StateStore::open(state_dir, plan)?;
     let Some(mut record) = store.get::<CutoverRecord>("cutover/record")? else {
-        anyhow::bail!(crate::ops::cli::InputError(
+        anyhow::bail!(crate::phase::error::InputError(
             "no cutover is recorded for this plan; run `rekey cutover` first".into()
         ));
     };
@@ -343,7 +342,7 @@ pub async fn finish(
         clients,
         plan,
         &DrainOptions {
-            state_dir: state_dir.to_path_buf(),
+            state_dir: state_dir.clone(),
             timeout: drain_timeout,
         },
     )
@@ -358,8 +357,8 @@ pub async fn finish(
     record.finished_at = Some(snapshot::now_rfc3339());
     store.put("cutover/record", &record)?;
     store.flush()?;
-    snapshot::publish(&snapshot::cutover_path(state_dir), &record)?;
-    std::fs::write(state_dir.join(FINISHED), b"finished\n")?;
+    snapshot::publish(&state_dir.cutover_record(), &record)?;
+    std::fs::write(state_dir.finished(), b"finished\n")?;
     Ok(FinishReport {
         finished: true,
         barrier: drain.barrier,

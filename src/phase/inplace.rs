@@ -28,7 +28,7 @@ use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 use serde::Serialize;
 
 use crate::aws::rate::Control;
-use crate::aws::write::{backoff, jitter};
+use crate::aws::retry::{backoff, jitter};
 use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
@@ -656,8 +656,8 @@ pub mod verify {
 
     use super::*;
     use crate::aws::scan::{self, ScanOptions};
-    use crate::ops::cli::InputError;
-    use crate::ops::progress::Progress;
+    use crate::phase::error::InputError;
+    use crate::phase::progress::Progress;
     use crate::phase::verify::{Counts, TailWait, VerifyOptions, VerifyResult, wait_for_tail};
 
     #[derive(Debug, Clone, Serialize)]
@@ -684,9 +684,8 @@ pub mod verify {
             .map(|r| r.resolve(&table.name, table.provisioned_read, "read"))
             .transpose()
             .map_err(InputError)?;
-        let dir = opts.state_dir.join("verify");
-        std::fs::create_dir_all(&dir)?;
-        let candidates_path = dir.join("in-place-candidates.jsonl");
+        std::fs::create_dir_all(opts.state_dir.verify_store())?;
+        let candidates_path = opts.state_dir.in_place_candidates();
         let candidates = Arc::new(Mutex::new(std::io::BufWriter::new(std::fs::File::create(
             &candidates_path,
         )?)));
@@ -749,7 +748,7 @@ pub mod verify {
         let mut c = *counts.lock().unwrap_or_else(|e| e.into_inner());
         let mut notes = Vec::new();
         let mut resolved = 0;
-        let mismatches_path = dir.join("mismatches.jsonl");
+        let mismatches_path = opts.state_dir.mismatches();
         let mut mismatches = std::io::BufWriter::new(std::fs::File::create(&mismatches_path)?);
         if c.pending > 0 {
             let wait = wait_for_tail(
@@ -840,10 +839,7 @@ pub mod verify {
             sample_percent: None,
             counts: c,
         };
-        crate::state::snapshot::publish(
-            &crate::state::snapshot::verify_path(&opts.state_dir),
-            &result,
-        )?;
+        crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &result)?;
         Ok(InPlaceVerifyReport {
             result,
             resolved,

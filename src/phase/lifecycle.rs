@@ -10,7 +10,6 @@
 //! kill -9 a rerun skips what is complete (`backfill.done`, a clean verify
 //! newer than the backfill) and resumes what was in flight.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -18,18 +17,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
-use crate::ops::cli::GateNotMet;
-use crate::ops::progress::Progress;
 use crate::phase::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::phase::backfill::{self, BackfillOptions};
 use crate::phase::barrier::{self, DrainOptions};
+use crate::phase::error::GateNotMet;
+use crate::phase::progress::Progress;
 use crate::phase::tail::{self, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
+use crate::state::StateDir;
 use crate::state::snapshot;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     /// None: skip the analyze gate.
     pub analyze: Option<(ScanSettings, AnalyzeOptions)>,
     pub allow_hot_keys: bool,
@@ -67,7 +67,7 @@ pub async fn run(
     progress: &Progress,
 ) -> anyhow::Result<RunReport> {
     if plan.mode == crate::core::plan::Mode::InPlace {
-        anyhow::bail!(crate::ops::cli::InputError(format!(
+        anyhow::bail!(crate::phase::error::InputError(format!(
             "{}: `rekey run` drives a re-key into a new table; in place, run `rekey tail`, \
              `rekey backfill` and `rekey verify` (README, \"In place\")",
             plan.path.display()
@@ -85,7 +85,7 @@ pub async fn run(
 
     // 1. The analyze gate: refuse a design whose new keys would still throttle.
     if let Some((scan, aopts)) = &opts.analyze {
-        let path = opts.state_dir.join("analyze.json");
+        let path = opts.state_dir.analyze_verdict();
         let verdict = match snapshot::read::<AnalyzeVerdict>(&path)? {
             Some(v) => v,
             None => {
@@ -192,7 +192,7 @@ async fn phases(
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     // 3. Backfill (resumes from its checkpoints; skipped once done).
-    if !opts.state_dir.join(tail::BACKFILL_DONE).exists() {
+    if !opts.state_dir.is_backfill_done() {
         progress.note("backfill: copying every source item into the target");
         report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress).await?);
     }
@@ -205,8 +205,7 @@ async fn phases(
     // Differences the re-check could not settle because the tail was behind
     // (unconfirmed) are worth another pass once it has caught up; confirmed
     // differences stop the run.
-    let previous: Option<serde_json::Value> =
-        snapshot::read(&snapshot::verify_path(&opts.state_dir))?;
+    let previous: Option<serde_json::Value> = snapshot::read(&opts.state_dir.verify_snapshot())?;
     let fresh = previous.as_ref().is_some_and(|v| {
         snapshot::verify_clean(v) && v.get("sample_percent").is_none_or(|p| p.is_null())
     });
@@ -235,10 +234,7 @@ async fn phases(
                 .get("counts")
                 .map(|c| c.to_string())
                 .unwrap_or_default(),
-            opts.state_dir
-                .join("verify")
-                .join("mismatches.jsonl")
-                .display()
+            opts.state_dir.mismatches().display()
         ));
     }
     report.verify = Some(verdict);

@@ -23,7 +23,7 @@
 //! backfill rejects collisions).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -32,23 +32,23 @@ use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::aws::rate::Control;
-use crate::aws::write::{backoff, jitter};
+use crate::aws::retry::{backoff, jitter};
 use crate::aws::{AwsError, Clients, to_sdk_item};
+use crate::core::marker::marker_id;
 use crate::core::plan::{Mode, Plan, TtlDeletes};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value, encode_key};
-use crate::ops::progress::Progress;
-use crate::phase::barrier::{BarrierState, marker_id};
 use crate::phase::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
+use crate::phase::progress::Progress;
+use crate::state::StateDir;
 use crate::state::StateStore;
 use crate::state::rejects::RejectsFile;
+use crate::state::snapshot::{self, BarrierState, ShardStatus, TailStatus};
 
 /// Written by the backfill when it is complete; the tail applies nothing before.
-pub const BACKFILL_DONE: &str = "backfill.done";
-
 #[derive(Debug, Clone)]
 pub struct TailOptions {
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     pub rejects: PathBuf,
     /// Exit once the backfill is done, the buffer applied, and no shard has had
     /// a record for this long (catch-up mode; None: run until stopped).
@@ -267,56 +267,6 @@ const STREAM_DELAY_SECONDS: f64 = 1.0;
 /// Source items applied at once from one response (see the module docs).
 const LANES: usize = 16;
 
-/// What the tail publishes about itself (`<state dir>/tail/status.json`).
-/// Readers take missing fields as their defaults, so a reader and a tail of
-/// neighbouring versions still understand each other.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TailStatus {
-    pub pid: u32,
-    pub updated_at: String,
-    /// Every source write made before this instant is applied to the target
-    /// (None while the backfill runs and changes are only buffered).
-    pub applied_through: Option<String>,
-    /// The largest shard lag: age of the oldest change not yet applied.
-    pub lag_seconds: Option<f64>,
-    pub backfill_done: bool,
-    pub records: u64,
-    pub buffered: u64,
-    pub puts: u64,
-    pub deletes: u64,
-    /// In place: conditional UpdateItems written.
-    #[serde(default)]
-    pub updates: u64,
-    pub rejected: u64,
-    pub shards: Vec<ShardStatus>,
-    pub barriers: BTreeMap<String, BarrierState>,
-    /// The tail exited cleanly (idle, or `rekey finish`): nothing is applied
-    /// any more, and readers treat it as not running rather than behind.
-    #[serde(default)]
-    pub stopped: bool,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ShardStatus {
-    pub shard_id: String,
-    /// waiting (for its parent), open, closed (still being read) or finished.
-    pub state: String,
-    pub last_sequence: Option<String>,
-    /// Creation time of the last record applied or buffered (RFC 3339).
-    pub last_record_at: Option<String>,
-    pub lag_seconds: Option<f64>,
-}
-
-pub fn status_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("tail").join("status.json")
-}
-
-/// The tail's last published status, if it has ever run.
-pub fn read_status(path: &Path) -> anyhow::Result<Option<TailStatus>> {
-    crate::state::snapshot::read(path)
-}
-
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ShardProgress {
@@ -425,19 +375,19 @@ pub async fn run(
     info.check_key(&plan.source_key, "source")?;
     let stream = match &info.stream {
         Some(s) if s.view == "NEW_AND_OLD_IMAGES" => s.arn.clone(),
-        Some(s) => anyhow::bail!(crate::ops::cli::InputError(format!(
+        Some(s) => anyhow::bail!(crate::phase::error::InputError(format!(
             "table `{}` streams {} images; rekey needs NEW_AND_OLD_IMAGES to follow key-changing updates and deletes. \
              The view type cannot be changed in place: disable the stream and enable it again with \
              StreamViewType=NEW_AND_OLD_IMAGES (a new stream), before starting the backfill",
             info.name, s.view
         ))),
-        None => anyhow::bail!(crate::ops::cli::InputError(format!(
+        None => anyhow::bail!(crate::phase::error::InputError(format!(
             "table `{}` has no stream. Enable one before the backfill starts: aws dynamodb update-table --table-name {} \
              --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES",
             info.name, info.name
         ))),
     };
-    let store = StateStore::open(&opts.state_dir.join("tail"), plan)?;
+    let store = StateStore::open(&opts.state_dir.tail_store(), plan)?;
     let rejects =
         RejectsFile::open_truncated(&opts.rejects, store.get("tail/rejects_len")?.unwrap_or(0))?;
     let barriers = store
@@ -461,15 +411,11 @@ pub async fn run(
     let mut last_record = Instant::now();
     progress.start("tail", None);
     loop {
-        if opts
-            .state_dir
-            .join(crate::phase::cutover::FINISHED)
-            .exists()
-        {
+        if opts.state_dir.is_finished() {
             // `rekey finish` drained the tail before it wrote this.
             break;
         }
-        let backfill_done = opts.state_dir.join(BACKFILL_DONE).exists();
+        let backfill_done = opts.state_dir.is_backfill_done();
         if backfill_done && !t.drained()? {
             t.drain_buffer().await?;
             t.store.put("tail/buffer_drained", &true)?;
@@ -553,7 +499,7 @@ pub async fn run(
             t.report.records += changes.len() as u64;
             got_any |= !changes.is_empty();
             let newest = changes.last().map(|(_, c)| c.at);
-            if t.drained()? && opts.state_dir.join(BACKFILL_DONE).exists() {
+            if t.drained()? && opts.state_dir.is_backfill_done() {
                 t.apply_all(changes.into_iter().map(|(_, c)| c).collect())
                     .await?;
             } else {
@@ -603,11 +549,11 @@ pub async fn run(
     }
     progress.finish();
     t.rejects.flush_len()?;
-    let path = status_path(&opts.state_dir);
-    if let Some(mut last) = read_status(&path)? {
+    let path = opts.state_dir.tail_snapshot();
+    if let Some(mut last) = snapshot::read::<TailStatus>(&path)? {
         last.stopped = true;
         last.updated_at = rfc3339(now_secs());
-        crate::state::snapshot::publish(&path, &last)?;
+        snapshot::publish(&path, &last)?;
     }
     Ok(t.report)
 }
@@ -766,7 +712,7 @@ impl Tail<'_> {
         }
         self.published = Some(Instant::now());
         let now = now_secs();
-        let applying = self.drained()? && self.opts.state_dir.join(BACKFILL_DONE).exists();
+        let applying = self.drained()? && self.opts.state_dir.is_backfill_done();
         let open: Vec<&str> = ready.iter().map(String::as_str).collect();
         let lineage = Lineage {
             open: &open,
@@ -793,7 +739,7 @@ impl Tail<'_> {
             updated_at: rfc3339(now),
             applied_through: (applying && through.is_finite()).then(|| rfc3339(through)),
             lag_seconds: if applying { lag } else { None },
-            backfill_done: self.opts.state_dir.join(BACKFILL_DONE).exists(),
+            backfill_done: self.opts.state_dir.is_backfill_done(),
             records: self.report.records,
             buffered: self.report.buffered,
             puts: self.report.puts,
@@ -840,7 +786,7 @@ impl Tail<'_> {
             stopped: false,
         };
         self.store.put("tail/status", &status)?;
-        let path = status_path(&self.opts.state_dir);
+        let path = self.opts.state_dir.tail_snapshot();
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&status)?)
             .with_context(|| format!("cannot write {}", tmp.display()))?;
@@ -1058,14 +1004,6 @@ where
             Err(e) => return Err(anyhow::Error::new(e).context(format!("tail write to `{table}`"))),
         }
     }
-}
-
-/// Mark the backfill complete for the tail (atomically: write, then rename).
-pub fn mark_backfill_done(state_dir: &Path) -> anyhow::Result<()> {
-    let tmp = state_dir.join(format!("{BACKFILL_DONE}.tmp"));
-    std::fs::write(&tmp, b"done\n").with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, state_dir.join(BACKFILL_DONE))
-        .with_context(|| format!("cannot write {}", state_dir.display()))
 }
 
 #[cfg(test)]

@@ -44,16 +44,17 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::aws::rate::{Control, Rate};
+use crate::aws::retry::{backoff, jitter};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
-use crate::aws::write::{backoff, jitter, write_batch};
+use crate::aws::write::write_batch;
 use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk_item};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
-use crate::ops::cli::InputError;
-use crate::ops::progress::Progress;
-use crate::ops::redact::{PlanRedactor, Redactor};
+use crate::phase::error::InputError;
+use crate::phase::progress::Progress;
 use crate::phase::watch::Touch;
+use crate::state::StateDir;
 use crate::state::{StateStore, StoreBatch};
 
 /// Keys per BatchGetItem call (DynamoDB's limit).
@@ -65,7 +66,7 @@ const MAX_ROUNDS: usize = 5;
 
 #[derive(Debug, Clone)]
 pub struct VerifyOptions {
-    pub state_dir: PathBuf,
+    pub state_dir: StateDir,
     pub segments: Option<u32>,
     pub page_limit: Option<i32>,
     /// Source reads (RCU/s or a share of provisioned); None: unlimited.
@@ -82,7 +83,6 @@ pub struct VerifyOptions {
     pub repair: bool,
     /// Percent of source items to verify (forward only); None: all, both ways.
     pub sample: Option<f64>,
-    pub show_keys: bool,
     pub max_retries: u32,
 }
 
@@ -239,8 +239,12 @@ pub struct VerifyResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct Example {
     pub kind: Kind,
-    /// `‹8 hex›` unless `--show-keys`.
+    /// The key as DynamoDB JSON; the operator surface redacts it before
+    /// showing it (`ops::redact`), from `named_by`.
     pub key: String,
+    /// The key the example is known by, and whether it is a target key.
+    #[serde(skip)]
+    pub named_by: Option<(Item, bool)>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attributes: Vec<String>,
 }
@@ -386,8 +390,6 @@ mod rfc3339 {
     }
 }
 
-pub use crate::phase::tail::status_path as tail_status_path;
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum TailWait {
     /// The tail has applied every source write up to the instant asked for.
@@ -400,12 +402,12 @@ pub enum TailWait {
 
 /// Wait until the tail has applied every source write before `through`.
 pub async fn wait_for_tail(
-    state_dir: &Path,
+    state_dir: &StateDir,
     through: DateTime<Utc>,
     timeout: Duration,
     stale_after: Duration,
 ) -> TailWait {
-    let path = tail_status_path(state_dir);
+    let path = state_dir.tail_snapshot();
     let start = Instant::now();
     loop {
         let text = match std::fs::read_to_string(&path) {
@@ -415,7 +417,7 @@ pub async fn wait_for_tail(
         };
         // A half-written file cannot happen (tmp + rename); an unreadable one is a
         // tail of another version: treat it as not keeping up.
-        let status: Option<crate::phase::tail::TailStatus> = serde_json::from_str(&text).ok();
+        let status: Option<crate::state::snapshot::TailStatus> = serde_json::from_str(&text).ok();
         if status.as_ref().is_some_and(|s| s.stopped) {
             return TailWait::NoTail;
         }
@@ -670,8 +672,6 @@ struct Ctx {
     waiting: AtomicBool,
     phase: std::sync::Mutex<Phase>,
     notes: std::sync::Mutex<Vec<String>>,
-    /// How the examples name keys.
-    keys: PlanRedactor,
 }
 
 impl Ctx {
@@ -805,9 +805,8 @@ pub async fn run(
         .transpose()
         .map_err(InputError)?;
 
-    let dir = opts.state_dir.join("verify");
-    let store = StateStore::open(&dir, plan)?;
-    let expected = crate::state::claims::Claims::open(&dir.join("expected.redb"))?;
+    let store = StateStore::open(&opts.state_dir.verify_store(), plan)?;
+    let expected = crate::state::claims::Claims::open(&opts.state_dir.expected_keys())?;
     // A finished run, --restart, or a different --sample: a new run from scratch.
     let mut meta = store.get::<RunMeta>(KEY_RUN)?;
     let resumed = match &meta {
@@ -868,16 +867,14 @@ pub async fn run(
         waiting: AtomicBool::new(false),
         phase: std::sync::Mutex::new(meta.phase),
         notes: std::sync::Mutex::new(Vec::new()),
-        keys: PlanRedactor::new(
-            plan,
-            Redactor {
-                show: opts.show_keys,
-            },
-        ),
     });
 
     progress.start("verify", Some(source.item_count));
-    let ticker = spawn_ticker(ctx.clone(), progress.clone(), dir.clone());
+    let ticker = spawn_ticker(
+        ctx.clone(),
+        progress.clone(),
+        opts.state_dir.verify_progress_log(),
+    );
     let result = drive(&ctx, &mut meta).await;
     ticker.abort();
     let _ = ticker.await;
@@ -899,18 +896,15 @@ pub async fn run(
         sample_percent: meta.sample,
         counts,
     };
-    let mismatches_file = dir.join("mismatches.jsonl");
+    let mismatches_file = opts.state_dir.mismatches();
     let examples = {
         let l = ctx.ledger.lock().await;
-        let examples = write_mismatches(&l.store, &mismatches_file, &ctx.keys)?;
+        let examples = write_mismatches(&l.store, &mismatches_file)?;
         l.store.put(KEY_LAST, &finished)?;
         l.store.flush()?;
         examples
     };
-    crate::state::snapshot::publish(
-        &crate::state::snapshot::verify_path(&opts.state_dir),
-        &finished,
-    )?;
+    crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &finished)?;
 
     let repair = if opts.repair && counts.differences() > 0 {
         Some(repair(&ctx).await?)
@@ -947,12 +941,12 @@ pub async fn run(
     })
 }
 
-fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, dir: PathBuf) -> tokio::task::JoinHandle<()> {
+fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, log: PathBuf) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut samples = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(dir.join("progress.jsonl"))
+            .open(&log)
             .ok();
         let t0 = Instant::now();
         let (mut last_src, mut last_tgt) = (0.0, 0.0);
@@ -1827,14 +1821,18 @@ fn mismatch_key(m: &Mismatch) -> Option<(&Item, bool)> {
     }
 }
 
-/// How terminal output names a key: redacted as every command redacts keys
-/// (the plan's shapes and an orphan's shard readable, values hashed), or the
-/// key itself with `--show-keys`.
-fn show_key(keys: &PlanRedactor, m: &Mismatch) -> String {
-    match mismatch_key(m) {
-        Some((k, _)) if keys.redactor.show => serde_json::to_string(k).unwrap_or_default(),
-        Some((k, target)) => keys.key(k, target),
-        None => keys.redactor.key(&[]),
+/// An example of a mismatch, named by its key as it is (the operator
+/// surface redacts it).
+fn example(m: &Mismatch) -> Example {
+    let named_by = mismatch_key(m).map(|(k, target)| (k.clone(), target));
+    Example {
+        kind: m.kind,
+        key: named_by
+            .as_ref()
+            .map(|(k, _)| serde_json::to_string(k).unwrap_or_default())
+            .unwrap_or_default(),
+        named_by,
+        attributes: m.attributes.clone(),
     }
 }
 
@@ -1842,11 +1840,7 @@ const EXAMPLES: usize = 20;
 
 /// Stream the confirmed mismatches from the store into the mismatches file
 /// (atomically replaced) and return the first few as examples.
-fn write_mismatches(
-    store: &StateStore,
-    path: &Path,
-    keys: &PlanRedactor,
-) -> anyhow::Result<Vec<Example>> {
+fn write_mismatches(store: &StateStore, path: &Path) -> anyhow::Result<Vec<Example>> {
     use std::io::Write as _;
     let tmp = path.with_extension("tmp");
     let f =
@@ -1858,11 +1852,7 @@ fn write_mismatches(
         serde_json::to_writer(&mut out, &m)?;
         out.write_all(b"\n")?;
         if examples.len() < EXAMPLES {
-            examples.push(Example {
-                kind: m.kind,
-                key: show_key(keys, &m),
-                attributes: m.attributes.clone(),
-            });
+            examples.push(example(&m));
         }
     }
     out.flush()?;
@@ -2100,11 +2090,7 @@ async fn repair_chunk(
     report.still_different += still.len() as u64;
     for m in still {
         if report.examples.len() < EXAMPLES {
-            report.examples.push(Example {
-                kind: m.kind,
-                key: show_key(&ctx.keys, &m),
-                attributes: m.attributes.clone(),
-            });
+            report.examples.push(example(&m));
         }
     }
     Ok(())
@@ -2183,50 +2169,6 @@ mod tests {
     }
 
     #[test]
-    fn examples_name_keys_as_every_command_redacts_them() {
-        let src = "version = 1\n[source]\ntable = \"a\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
-                   [target]\ntable = \"b\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
-                   [[rule]]\nmatch = { PK = \"T#{t}\", SK = \"O#{id}\" }\n\
-                   key = { PK = \"T#{t}#S#{shard(id, 16):02}\", SK = \"O#{id}\" }\n";
-        let plan = Plan::parse(src, std::path::Path::new("p.toml")).unwrap();
-        let key = |pk: &str, sk: &str| {
-            let mut i = Item::new();
-            i.insert("PK".into(), Value::S(pk.into()));
-            i.insert("SK".into(), Value::S(sk.into()));
-            i
-        };
-        let m = |kind, source_key, target_key| Mismatch {
-            kind,
-            suspected: None,
-            source_key,
-            target_key,
-            attributes: Vec::new(),
-            reason: None,
-            found_at_ms: 0,
-        };
-        let tok = crate::ops::redact::token;
-        let hidden = PlanRedactor::new(&plan, Redactor { show: false });
-        // An orphan by its target key, its shard readable.
-        let orphan = m(Kind::Orphan, None, Some(key("T#acme#S#07", "O#1")));
-        assert_eq!(
-            show_key(&hidden, &orphan),
-            format!("T#{}#S#07 / O#{}", tok("acme"), tok("1"))
-        );
-        // Any other difference by its source key.
-        let missing = m(
-            Kind::Missing,
-            Some(key("T#acme", "O#1")),
-            Some(key("T#acme#S#07", "O#1")),
-        );
-        assert_eq!(
-            show_key(&hidden, &missing),
-            format!("T#{} / O#{}", tok("acme"), tok("1"))
-        );
-        let shown = PlanRedactor::new(&plan, Redactor { show: true });
-        assert!(show_key(&shown, &orphan).contains(r#""S":"T#acme#S#07""#));
-    }
-
-    #[test]
     fn wilson_bound_is_above_the_rate_and_shrinks_with_n() {
         assert!(wilson_upper(0, 100) > 0.0 && wilson_upper(0, 100) < 0.05);
         assert!(wilson_upper(0, 10_000) < wilson_upper(0, 100));
@@ -2250,18 +2192,19 @@ mod tests {
 
     #[tokio::test]
     async fn tail_status_decides_the_wait() {
-        let dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::new(tmp.path());
         let at = Utc::now();
         let quick = Duration::from_millis(300);
         let stale = Duration::from_secs(30);
         assert_eq!(
-            wait_for_tail(dir.path(), at, quick, stale).await,
+            wait_for_tail(&dir, at, quick, stale).await,
             TailWait::NoTail
         );
-        std::fs::create_dir_all(dir.path().join("tail")).unwrap();
+        std::fs::create_dir_all(dir.tail_store()).unwrap();
         let write = |updated: DateTime<Utc>, through: DateTime<Utc>| {
             std::fs::write(
-                tail_status_path(dir.path()),
+                dir.tail_snapshot(),
                 serde_json::json!({"pid": 1, "updated_at": updated.to_rfc3339(),
                     "applied_through": through.to_rfc3339(), "lag_seconds": 0.1,
                     "backfill_done": true, "shards": []})
@@ -2271,11 +2214,11 @@ mod tests {
         };
         write(Utc::now(), at + chrono::TimeDelta::seconds(2));
         assert_eq!(
-            wait_for_tail(dir.path(), at, quick, stale).await,
+            wait_for_tail(&dir, at, quick, stale).await,
             TailWait::CaughtUp
         );
         write(Utc::now(), at - chrono::TimeDelta::seconds(2));
-        let TailWait::Behind(m) = wait_for_tail(dir.path(), at, quick, stale).await else {
+        let TailWait::Behind(m) = wait_for_tail(&dir, at, quick, stale).await else {
             panic!()
         };
         assert!(m.contains("not keeping up"), "{m}");
@@ -2283,7 +2226,7 @@ mod tests {
             Utc::now() - chrono::TimeDelta::seconds(60),
             at + chrono::TimeDelta::seconds(2),
         );
-        let TailWait::Behind(m) = wait_for_tail(dir.path(), at, quick, stale).await else {
+        let TailWait::Behind(m) = wait_for_tail(&dir, at, quick, stale).await else {
             panic!()
         };
         assert!(m.contains("not running"), "{m}");

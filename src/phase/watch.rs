@@ -63,7 +63,7 @@ impl Watch {
             return Ok(None);
         };
         if !stream.view.contains("NEW") {
-            anyhow::bail!(crate::ops::cli::InputError(format!(
+            anyhow::bail!(crate::phase::error::InputError(format!(
                 "table `{}` streams {} records; verify reads new images from the stream \
                  (the tail needs NEW_AND_OLD_IMAGES)",
                 info.name, stream.view

@@ -12,10 +12,13 @@
 
 pub mod claims;
 pub mod control;
+pub mod dir;
 pub mod itemfile;
 pub mod rejects;
 pub mod snapshot;
 pub mod spill;
+
+pub use dir::StateDir;
 
 use std::path::{Path, PathBuf};
 
@@ -50,14 +53,6 @@ fn owner_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("owner"))
         .map(|t| format!(", by {}", t.trim()))
         .unwrap_or_default()
-}
-
-/// The state directory a plan uses unless told otherwise.
-pub fn default_dir(plan: &Path) -> PathBuf {
-    let stem = plan
-        .file_stem()
-        .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
-    PathBuf::from(".rekey").join(stem)
 }
 
 impl StateStore {

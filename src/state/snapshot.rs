@@ -10,7 +10,10 @@
 //!
 //! `rekey status` gathers them into one report with the migration's phase.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::state::StateDir;
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -47,18 +50,6 @@ pub fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-pub fn backfill_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("backfill.json")
-}
-
-pub fn verify_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("verify").join("result.json")
-}
-
-pub fn cutover_path(state_dir: &Path) -> PathBuf {
-    state_dir.join("cutover.json")
-}
-
 /// What a backfill publishes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BackfillStatus {
@@ -77,6 +68,56 @@ pub struct BackfillStatus {
     pub wcu_per_sec: f64,
     pub write_limit: f64,
     pub throttles: u64,
+}
+
+/// What the tail publishes about itself (`<state dir>/tail/status.json`).
+/// Readers take missing fields as their defaults, so a reader and a tail of
+/// neighbouring versions still understand each other.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TailStatus {
+    pub pid: u32,
+    pub updated_at: String,
+    /// Every source write made before this instant is applied to the target
+    /// (None while the backfill runs and changes are only buffered).
+    pub applied_through: Option<String>,
+    /// The largest shard lag: age of the oldest change not yet applied.
+    pub lag_seconds: Option<f64>,
+    pub backfill_done: bool,
+    pub records: u64,
+    pub buffered: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    /// In place: conditional UpdateItems written.
+    #[serde(default)]
+    pub updates: u64,
+    pub rejected: u64,
+    pub shards: Vec<ShardStatus>,
+    pub barriers: BTreeMap<String, BarrierState>,
+    /// The tail exited cleanly (idle, or `rekey finish`): nothing is applied
+    /// any more, and readers treat it as not running rather than behind.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShardStatus {
+    pub shard_id: String,
+    /// waiting (for its parent), open, closed (still being read) or finished.
+    pub state: String,
+    pub last_sequence: Option<String>,
+    /// Creation time of the last record applied or buffered (RFC 3339).
+    pub last_record_at: Option<String>,
+    pub lag_seconds: Option<f64>,
+}
+
+/// A barrier as the tail publishes it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BarrierState {
+    /// When the tail applied the marker (epoch seconds, the tail's clock).
+    pub observed_at: f64,
+    /// When every other open shard had been read to its end after that.
+    pub complete_at: Option<f64>,
 }
 
 /// The migration's phase, from what its processes have published.
@@ -106,7 +147,7 @@ pub struct StatusReport {
     pub phase: Phase,
     pub drivers: Vec<Driver>,
     pub backfill: Option<BackfillStatus>,
-    pub tail: Option<crate::phase::tail::TailStatus>,
+    pub tail: Option<TailStatus>,
     pub verify: Option<serde_json::Value>,
     pub cutover: Option<serde_json::Value>,
     pub rejects: Rejects,
@@ -144,7 +185,7 @@ pub fn verify_clean(v: &serde_json::Value) -> bool {
 pub fn phase(
     backfill: Option<&BackfillStatus>,
     backfill_done: bool,
-    tail: Option<&crate::phase::tail::TailStatus>,
+    tail: Option<&TailStatus>,
     verify: Option<&serde_json::Value>,
     cutover: Option<&serde_json::Value>,
 ) -> Phase {
@@ -172,13 +213,12 @@ pub fn phase(
     }
 }
 
-pub fn gather(state_dir: &Path) -> anyhow::Result<StatusReport> {
-    let backfill: Option<BackfillStatus> = read(&backfill_path(state_dir))?;
-    let tail: Option<crate::phase::tail::TailStatus> =
-        read(&crate::phase::tail::status_path(state_dir))?;
-    let verify: Option<serde_json::Value> = read(&verify_path(state_dir))?;
-    let cutover: Option<serde_json::Value> = read(&cutover_path(state_dir))?;
-    let backfill_done = state_dir.join(crate::phase::tail::BACKFILL_DONE).exists();
+pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
+    let backfill: Option<BackfillStatus> = read(&state_dir.backfill_snapshot())?;
+    let tail: Option<TailStatus> = read(&state_dir.tail_snapshot())?;
+    let verify: Option<serde_json::Value> = read(&state_dir.verify_snapshot())?;
+    let cutover: Option<serde_json::Value> = read(&state_dir.cutover_record())?;
+    let backfill_done = state_dir.is_backfill_done();
     let mut drivers = Vec::new();
     if let Some(b) = &backfill {
         drivers.push(Driver {
@@ -207,8 +247,8 @@ pub fn gather(state_dir: &Path) -> anyhow::Result<StatusReport> {
         ),
         drivers,
         rejects: Rejects {
-            backfill: count_lines(&state_dir.join("rejects.jsonl"))?,
-            tail: count_lines(&state_dir.join("tail-rejects.jsonl"))?,
+            backfill: count_lines(&state_dir.rejects())?,
+            tail: count_lines(&state_dir.tail_rejects())?,
         },
         backfill,
         tail,
@@ -317,7 +357,7 @@ pub fn render(r: &StatusReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phase::tail::TailStatus;
+    use TailStatus;
 
     #[test]
     fn the_phase_follows_the_snapshots() {

@@ -24,7 +24,7 @@ use crate::aws::scan::{self, Page, ScanOptions};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, decode_key, encode_key, item_size, write_units};
-use crate::ops::progress::Progress;
+use crate::phase::progress::Progress;
 use crate::state::rejects::RejectsFile;
 use crate::state::spill::{
     Aggregate, Claimants, ExternalAggregator, SpillError, SpillOptions, get_varint, put_varint,
@@ -648,7 +648,7 @@ pub async fn run(
         .read_rate
         .map(|r| r.resolve(&info.name, info.provisioned_read, "read"))
         .transpose()
-        .map_err(crate::ops::cli::InputError)?;
+        .map_err(crate::phase::error::InputError)?;
     let control = Arc::new(Control::new(read_rate, None));
     let mut analyzer = Analyzer::new(plan, opts, rejects)?;
     // Pages go through a channel to the one analyzer: the aggregates are not shared.

@@ -1,0 +1,88 @@
+//! The marker rule: drain barriers (`rekey drain`) travel the source's stream
+//! as marker items whose partition key starts with [`MARKER_PREFIX`]. The
+//! transform skips them everywhere (a marker is never copied), and the tail
+//! recognises them ([`marker_id`]).
+
+use crate::core::plan::Plan;
+use crate::core::value::{Item, ScalarType, Value};
+
+/// Partition-key values starting with this are rekey's own markers.
+pub const MARKER_PREFIX: &str = "__rekey__#barrier#";
+
+/// The barrier id if `item` (a source item) is a drain marker.
+pub fn marker_id(plan: &Plan, item: &Item) -> Option<String> {
+    let text = match item.get(&plan.source_key.partition_key.name)? {
+        Value::S(s) => s.as_str(),
+        Value::B(b) => std::str::from_utf8(b).ok()?,
+        _ => return None,
+    };
+    text.strip_prefix(MARKER_PREFIX).map(str::to_string)
+}
+
+/// The marker item for barrier `id`: the source key and nothing else. A
+/// numeric partition key cannot carry a marker: the error says what to do.
+pub fn marker_item(plan: &Plan, id: &str) -> Result<Item, String> {
+    let text = format!("{MARKER_PREFIX}{id}");
+    let value = |ty: ScalarType| match ty {
+        ScalarType::S => Value::S(text.clone()),
+        ScalarType::B => Value::B(text.clone().into_bytes()),
+        ScalarType::N => Value::N("0".into()),
+    };
+    let pk = &plan.source_key.partition_key;
+    if pk.ty == ScalarType::N {
+        return Err(format!(
+            "table `{}` has a numeric partition key ({}); the drain barrier needs a string or binary key \
+             for its marker item. Stop the application's writes and wait for the tail to be idle instead",
+            plan.source_table, pk.name
+        ));
+    }
+    let mut item = Item::new();
+    item.insert(pk.name.clone(), value(pk.ty));
+    if let Some(sk) = &plan.source_key.sort_key {
+        item.insert(sk.name.clone(), value(sk.ty));
+    }
+    Ok(item)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(pk_type: &str) -> Plan {
+        let text = format!(
+            r#"
+[source]
+table = "s"
+partition_key = "PK:{pk_type}"
+sort_key = "SK"
+[target]
+table = "t"
+partition_key = "PK"
+[[rule]]
+match = {{ SK = "{{x}}" }}
+key = {{ PK = "{{x}}" }}
+"#
+        );
+        Plan::parse(&text, std::path::Path::new("p")).unwrap()
+    }
+
+    #[test]
+    fn a_marker_round_trips_and_ordinary_items_are_not_markers() {
+        let p = plan("S");
+        let m = marker_item(&p, "abc").unwrap();
+        assert_eq!(marker_id(&p, &m).as_deref(), Some("abc"));
+        let mut other = m.clone();
+        other.insert("PK".into(), Value::S("ORDER#1".into()));
+        assert_eq!(marker_id(&p, &other), None);
+    }
+
+    #[test]
+    fn binary_keys_carry_the_marker_as_bytes_and_numeric_keys_are_refused() {
+        let p = plan("B");
+        let m = marker_item(&p, "x").unwrap();
+        assert!(matches!(m["PK"], Value::B(_)));
+        assert_eq!(marker_id(&p, &m).as_deref(), Some("x"));
+        let e = marker_item(&plan("N"), "x").unwrap_err();
+        assert!(e.contains("numeric partition key"), "{e}");
+    }
+}

@@ -1,0 +1,13 @@
+//! The errors a phase raises that the operator surface turns into exit codes
+//! (`ops::cli::exit_code` finds them in the error's chain).
+
+/// Bad input other than the plan: a sample file, an argument combination,
+/// a table or stream that is not what the plan needs (exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InputError(pub String);
+
+/// A gate that must hold before going on did not (exit 3).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct GateNotMet(pub String);

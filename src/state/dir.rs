@@ -1,0 +1,165 @@
+//! One migration's state directory, and every path and marker file in it,
+//! named once. Everything a migration keeps on this machine lives here
+//! (mode 0700: it holds real key values):
+//!
+//! ```text
+//! <dir>/db, owner                 the backfill's sled store and its lock holder
+//! <dir>/tail/                     the tail's store; tail/status.json its snapshot
+//! <dir>/verify/                   verify's store, result.json, mismatches.jsonl, …
+//! <dir>/backfill.json             the backfill's snapshot
+//! <dir>/cutover.json              the cutover record
+//! <dir>/analyze.json              `rekey run`'s analyze verdict
+//! <dir>/backfill.done             marker: the backfill is complete (the tail applies)
+//! <dir>/finished                  marker: `rekey finish` ran (the tail stops)
+//! <dir>/postpone                  flag the operator creates: cutover waits
+//! <dir>/control.json              pause, resume, rates of a running backfill
+//! <dir>/rejects.jsonl, tail-rejects.jsonl, progress.jsonl, claims.redb
+//! ```
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateDir(PathBuf);
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> StateDir {
+        StateDir(root.into())
+    }
+
+    /// `.rekey/<plan file stem>`: the directory a plan uses unless told otherwise.
+    pub fn for_plan(plan: &Path) -> StateDir {
+        let stem = plan
+            .file_stem()
+            .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
+        StateDir(PathBuf::from(".rekey").join(stem))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.0
+    }
+
+    // ---- stores ----
+
+    pub fn tail_store(&self) -> PathBuf {
+        self.0.join("tail")
+    }
+
+    pub fn verify_store(&self) -> PathBuf {
+        self.0.join("verify")
+    }
+
+    // ---- snapshots ----
+
+    pub fn backfill_snapshot(&self) -> PathBuf {
+        self.0.join("backfill.json")
+    }
+
+    pub fn tail_snapshot(&self) -> PathBuf {
+        self.tail_store().join("status.json")
+    }
+
+    pub fn verify_snapshot(&self) -> PathBuf {
+        self.verify_store().join("result.json")
+    }
+
+    pub fn cutover_record(&self) -> PathBuf {
+        self.0.join("cutover.json")
+    }
+
+    pub fn analyze_verdict(&self) -> PathBuf {
+        self.0.join("analyze.json")
+    }
+
+    // ---- markers and flags ----
+
+    pub fn backfill_done(&self) -> PathBuf {
+        self.0.join("backfill.done")
+    }
+
+    pub fn is_backfill_done(&self) -> bool {
+        self.backfill_done().exists()
+    }
+
+    /// Marks the backfill complete, atomically (the tail starts applying).
+    pub fn mark_backfill_done(&self) -> anyhow::Result<()> {
+        let done = self.backfill_done();
+        let tmp = done.with_extension("done.tmp");
+        std::fs::write(&tmp, b"done\n")
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &done).with_context(|| format!("cannot write {}", done.display()))
+    }
+
+    pub fn finished(&self) -> PathBuf {
+        self.0.join("finished")
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished().exists()
+    }
+
+    pub fn postpone(&self) -> PathBuf {
+        self.0.join("postpone")
+    }
+
+    pub fn control(&self) -> PathBuf {
+        self.0.join("control.json")
+    }
+
+    // ---- files ----
+
+    pub fn rejects(&self) -> PathBuf {
+        self.0.join("rejects.jsonl")
+    }
+
+    /// Items `rekey undo` could not compute its undo for.
+    pub fn undo_rejects(&self) -> PathBuf {
+        self.0.join("undo-rejects.jsonl")
+    }
+
+    pub fn tail_rejects(&self) -> PathBuf {
+        self.0.join("tail-rejects.jsonl")
+    }
+
+    /// One progress sample a second, of the backfill.
+    pub fn progress_log(&self) -> PathBuf {
+        self.0.join("progress.jsonl")
+    }
+
+    pub fn claims(&self) -> PathBuf {
+        self.0.join("claims.redb")
+    }
+
+    pub fn verify_progress_log(&self) -> PathBuf {
+        self.verify_store().join("progress.jsonl")
+    }
+
+    pub fn expected_keys(&self) -> PathBuf {
+        self.verify_store().join("expected.redb")
+    }
+
+    pub fn mismatches(&self) -> PathBuf {
+        self.verify_store().join("mismatches.jsonl")
+    }
+
+    pub fn in_place_candidates(&self) -> PathBuf {
+        self.verify_store().join("in-place-candidates.jsonl")
+    }
+}
+
+/// A state directory is a path: `display()`, `exists()` and friends work.
+impl Deref for StateDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for StateDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
