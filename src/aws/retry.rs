@@ -18,3 +18,18 @@ pub fn jitter() -> f64 {
     h.write_u64(0);
     (h.finish() % 1_000_000) as f64 / 1_000_000.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(0, 1.0), Duration::from_millis(50));
+        assert_eq!(backoff(3, 1.0), Duration::from_millis(400));
+        assert_eq!(backoff(30, 1.0), Duration::from_secs(5));
+        assert_eq!(backoff(3, 0.0), Duration::ZERO);
+        let j = jitter();
+        assert!((0.0..1.0).contains(&j));
+    }
+}
