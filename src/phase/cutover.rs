@@ -372,7 +372,7 @@ mod tests {
 
     fn opts() -> CutoverOptions {
         CutoverOptions {
-            state_dir: PathBuf::from("s"),
+            state_dir: StateDir::new("s"),
             max_lag: 5.0,
             max_verify_age: Duration::from_secs(3600),
             accept_rejects: false,

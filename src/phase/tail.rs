@@ -1026,7 +1026,7 @@ key = { PK = "ST#{@status}#{shard(id, 4)}", SK = "{id}" }
 "#;
 
     fn plan() -> Plan {
-        Plan::parse(PLAN, Path::new("p")).unwrap()
+        Plan::parse(PLAN, std::path::Path::new("p")).unwrap()
     }
 
     fn order(id: &str, status: &str) -> Item {
@@ -1133,7 +1133,7 @@ set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
 
     #[test]
     fn in_place_the_tail_updates_wrong_items_and_ignores_its_own_writes() {
-        let p = Plan::parse(IN_PLACE, Path::new("p")).unwrap();
+        let p = Plan::parse(IN_PLACE, std::path::Path::new("p")).unwrap();
         // An application insert without the attribute: one conditional update.
         let a = actions(
             &p,
