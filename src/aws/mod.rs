@@ -25,9 +25,11 @@ use crate::core::value::{Item, ScalarType, Value};
 
 pub mod endpoint;
 pub mod export;
+pub mod item;
 pub mod rate;
 pub mod retry;
 pub mod scan;
+pub mod streams;
 pub mod write;
 
 pub use endpoint::{Endpoint, Endpoints, Service, Source};
@@ -219,6 +221,16 @@ impl Clients {
         R: fmt::Debug + Send + Sync + 'static,
     {
         classify(&self.endpoints.streams, &self.region, action, stream, err)
+    }
+
+    /// A DynamoDB Streams answer without what it must hold.
+    pub fn streams_missing(&self, action: &'static str, stream: &str, what: &str) -> AwsError {
+        AwsError::Other {
+            action,
+            resource: stream.to_string(),
+            detail: format!("the answer held {what}"),
+            endpoint: self.endpoints.streams.clone(),
+        }
     }
 
     pub async fn describe_table(&self, table: &str) -> Result<TableInfo, AwsError> {

@@ -6,22 +6,22 @@
 //! carries the key to resume after it, so a consumer that checkpoints a segment
 //! only once a page's work is done can restart from exactly there.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, Select};
+use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, Select};
 use tokio::task::JoinSet;
 
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
-use crate::aws::{Clients, from_sdk_item};
+use crate::aws::{Clients, from_sdk_item, to_sdk_item};
 
 /// Consecutive transient failures (5xx, resets) of one Scan page before the run stops.
 const MAX_TRANSIENT_FAILURES: u32 = 10;
 use crate::core::value::Item;
 
-pub type StartKey = HashMap<String, AttributeValue>;
+/// A segment's resume point: the primary key of the last item it read.
+pub type StartKey = Item;
 
 #[derive(Debug, Clone)]
 pub struct ScanOptions {
@@ -77,7 +77,7 @@ where
         let mut next = match start {
             SegmentStart::Done => continue,
             SegmentStart::Beginning => None,
-            SegmentStart::After(k) => Some(k),
+            SegmentStart::After(k) => Some(to_sdk_item(&k)),
         };
         let (clients, opts, control, on_page) = (
             clients.clone(),
@@ -134,8 +134,16 @@ where
                         None => unreadable += 1,
                     }
                 }
-                let resume_after = out.last_evaluated_key.filter(|k| !k.is_empty());
-                next = resume_after.clone();
+                next = out.last_evaluated_key.filter(|k| !k.is_empty());
+                let resume_after = match &next {
+                    None => None,
+                    Some(k) => Some(from_sdk_item(k.clone()).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "Scan of `{}` returned a resume key of unknown types",
+                            opts.table
+                        )
+                    })?),
+                };
                 on_page(Page {
                     segment,
                     items,

@@ -39,11 +39,11 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use crate::aws::Clients;
 use crate::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader, S3Client};
 use crate::aws::rate::{Control, Rate, ThrottleStats};
-use crate::aws::scan::{self, Page, ScanOptions, SegmentStart, StartKey};
+use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::{BATCH, write_batch};
-use crate::aws::{Clients, from_sdk_item};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
@@ -272,10 +272,6 @@ impl Ledger {
         self.store.flush()?;
         Ok(())
     }
-}
-
-fn start_key_to_item(k: &StartKey) -> Item {
-    from_sdk_item(k.clone()).unwrap_or_default()
 }
 
 pub async fn run(
@@ -556,7 +552,7 @@ impl Drive<'_> {
             for n in 0..segments {
                 starts.push(match l.store.get::<SegState>(&l.keys.seg(n))? {
                     None | Some(SegState::Pending) => SegmentStart::Beginning,
-                    Some(SegState::After(k)) => SegmentStart::After(crate::aws::to_sdk_item(&k)),
+                    Some(SegState::After(k)) => SegmentStart::After(k),
                     Some(SegState::Done) => SegmentStart::Done,
                 });
             }
@@ -596,7 +592,7 @@ impl Drive<'_> {
                     counts.rejected += page.unreadable;
                     live.fetch_add(counts.scanned, Ordering::Relaxed);
                     let state = match &page.next {
-                        Some(k) => SegState::After(start_key_to_item(k)),
+                        Some(k) => SegState::After(k.clone()),
                         None => SegState::Done,
                     };
                     let mut l = ledger.lock().await;

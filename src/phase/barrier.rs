@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::aws::{Clients, to_sdk_item};
+use crate::aws::{Clients, item};
 use crate::core::marker::marker_item;
 use crate::core::plan::Plan;
 use crate::phase::error::InputError;
@@ -54,25 +54,13 @@ pub async fn drain(
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
         rand_u32()
     );
-    let marker = to_sdk_item(&marker_item(plan, &id).map_err(InputError)?);
+    let marker = marker_item(plan, &id).map_err(InputError)?;
     let started = std::time::Instant::now();
-    clients
-        .dynamodb
-        .put_item()
-        .table_name(&plan.source_table)
-        .set_item(Some(marker.clone()))
-        .send()
+    item::put_item(clients, &plan.source_table, &marker)
         .await
-        .map_err(|e| clients.error("PutItem", &plan.source_table, e))
         .context("writing the drain marker")?;
-    clients
-        .dynamodb
-        .delete_item()
-        .table_name(&plan.source_table)
-        .set_key(Some(marker))
-        .send()
+    item::delete_item(clients, &plan.source_table, &marker)
         .await
-        .map_err(|e| clients.error("DeleteItem", &plan.source_table, e))
         .context("deleting the drain marker")?;
     let status = opts.state_dir.tail_snapshot();
     loop {

@@ -22,14 +22,12 @@
 //! never written, and the item rekey's own write leaves behind is such an item,
 //! so the tail reading its own writes from the stream writes nothing for them.
 
-use std::collections::{BTreeMap, HashMap};
-
-use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 use serde::Serialize;
 
+use crate::aws::item::{self, Expressions};
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
-use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
+use crate::aws::{AwsError, Clients};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value};
@@ -195,15 +193,6 @@ pub fn check_item(plan: &Plan, item: &Item) -> Option<Difference> {
     })
 }
 
-/// An UpdateItem's expressions, with their name and value placeholders.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Expressions {
-    pub update: String,
-    pub condition: String,
-    pub names: BTreeMap<String, String>,
-    pub values: BTreeMap<String, Value>,
-}
-
 /// The UpdateExpression and ConditionExpression of a write. Every attribute
 /// name goes through a `#` placeholder (names may be reserved words or hold
 /// any character); the item must still exist (`attribute_exists` of its
@@ -328,39 +317,8 @@ pub async fn apply(
             Decision::Reject(reason) => return Ok(Applied::Rejected { reason, consumed }),
         };
         let e = expressions(plan, &w);
-        let sdk_key = to_sdk_item(&w.key);
         let outcome = retried(control, table, max_retries, || {
-            let mut req = clients
-                .dynamodb
-                .update_item()
-                .table_name(table)
-                .set_key(Some(sdk_key.clone()))
-                .update_expression(&e.update)
-                .condition_expression(&e.condition)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total);
-            for (k, v) in &e.names {
-                req = req.expression_attribute_names(k, v);
-            }
-            for (k, v) in &e.values {
-                req = req.expression_attribute_values(k, to_sdk(v));
-            }
-            async move {
-                match req.send().await {
-                    Ok(out) => Ok(Some(
-                        out.consumed_capacity()
-                            .and_then(|c| c.capacity_units())
-                            .unwrap_or(1.0),
-                    )),
-                    Err(err)
-                        if err
-                            .as_service_error()
-                            .is_some_and(|s| s.is_conditional_check_failed_exception()) =>
-                    {
-                        Ok(None)
-                    }
-                    Err(err) => Err(clients.error("UpdateItem", table, err)),
-                }
-            }
+            item::update_item_if(clients, table, &w.key, &e)
         })
         .await?;
         match outcome {
@@ -381,18 +339,7 @@ pub async fn apply(
                     });
                 }
                 let current = retried(control, table, max_retries, || {
-                    let req = clients
-                        .dynamodb
-                        .get_item()
-                        .table_name(table)
-                        .set_key(Some(sdk_key.clone()))
-                        .consistent_read(true);
-                    async move {
-                        req.send()
-                            .await
-                            .map(|o| o.item.and_then(from_sdk_item))
-                            .map_err(|err| clients.error("GetItem", table, err))
-                    }
+                    item::get_item(clients, table, &w.key, true)
                 })
                 .await?;
                 consumed += 1.0;
@@ -437,14 +384,6 @@ where
             }
         }
     }
-}
-
-/// For tests and reports: the SDK form of an expression's values.
-pub fn sdk_values(e: &Expressions) -> HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
-    e.values
-        .iter()
-        .map(|(k, v)| (k.clone(), to_sdk(v)))
-        .collect()
 }
 
 #[cfg(test)]
@@ -569,7 +508,7 @@ remove = ["GSI1PK"]
         assert_eq!(e.names["#n5"], "status");
         assert_eq!(e.names["#n6"], "gone");
         assert_eq!(e.values[":e3"], Value::S("OPEN".into()));
-        assert_eq!(sdk_values(&e).len(), 6);
+        assert_eq!(e.values.len(), 6);
         // Every placeholder used is defined and every one defined is used.
         let text = format!("{} {}", e.update, e.condition);
         for k in e.names.keys().chain(e.values.keys()) {
@@ -779,21 +718,9 @@ pub mod verify {
                 let current = if behind {
                     None
                 } else {
-                    let req = clients
-                        .dynamodb
-                        .get_item()
-                        .table_name(&table.name)
-                        .set_key(Some(to_sdk_item(&key)))
-                        .consistent_read(true);
                     let name = table.name.as_str();
                     let out = retried(&control, name, opts.max_retries, || {
-                        let req = req.clone();
-                        async move {
-                            req.send()
-                                .await
-                                .map(|o| o.item.and_then(from_sdk_item))
-                                .map_err(|err| clients.error("GetItem", name, err))
-                        }
+                        item::get_item(clients, name, &key, true)
                     })
                     .await?;
                     Some(out)

@@ -37,17 +37,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use aws_sdk_dynamodb::types::{KeysAndAttributes, ReturnConsumedCapacity};
 use chrono::{DateTime, Utc};
 use md5::{Digest as _, Md5};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use crate::aws::Clients;
 use crate::aws::rate::{Control, Rate};
-use crate::aws::retry::{backoff, jitter};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::write_batch;
-use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk_item};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
@@ -58,7 +56,7 @@ use crate::state::StateDir;
 use crate::state::{StateStore, StoreBatch};
 
 /// Keys per BatchGetItem call (DynamoDB's limit).
-pub const GET_BATCH: usize = 100;
+use crate::aws::item::{GET_BATCH, batch_get};
 /// How far past a candidate's discovery the tail must have applied.
 const MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 /// Re-check rounds before a candidate whose source keeps changing is unconfirmed.
@@ -455,107 +453,6 @@ pub async fn wait_for_tail(
     }
 }
 
-// ---- BatchGetItem -------------------------------------------------------------
-
-/// Read items by key, 100 per call, retrying UnprocessedKeys with backoff and
-/// jitter (a throttle: it lowers `control`'s read rate), throttling errors, and up
-/// to `max_retries` transient failures. Returns the items found, by encoded key,
-/// and the capacity consumed.
-pub async fn batch_get(
-    clients: &Clients,
-    table: &str,
-    key_names: &[&str],
-    keys: &[Item],
-    consistent: bool,
-    control: &Control,
-    max_retries: u32,
-) -> Result<(HashMap<Vec<u8>, Item>, f64), AwsError> {
-    let mut found = HashMap::new();
-    let mut consumed = 0.0;
-    // BatchGetItem refuses a request with the same key twice.
-    let mut seen = std::collections::HashSet::new();
-    let unique: Vec<&Item> = keys
-        .iter()
-        .filter(|k| seen.insert(encode_key(k, key_names).unwrap_or_default()))
-        .collect();
-    for chunk in unique.chunks(GET_BATCH) {
-        let mut pending: Vec<_> = chunk.iter().map(|k| to_sdk_item(k)).collect();
-        let (mut attempt, mut failures) = (0, 0);
-        while !pending.is_empty() {
-            control.wait_read().await;
-            let ka = KeysAndAttributes::builder()
-                .set_keys(Some(pending.clone()))
-                .consistent_read(consistent)
-                .build()
-                .map_err(|e| AwsError::Other {
-                    action: "BatchGetItem",
-                    resource: table.into(),
-                    detail: e.to_string(),
-                    endpoint: clients.endpoints.dynamodb.clone(),
-                })?;
-            let res = clients
-                .dynamodb
-                .batch_get_item()
-                .request_items(table, ka)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            match res {
-                Ok(out) => {
-                    failures = 0;
-                    let used: f64 = out
-                        .consumed_capacity()
-                        .iter()
-                        .filter_map(|c| c.capacity_units())
-                        .sum();
-                    control.read.spend(used).await;
-                    consumed += used;
-                    for it in out
-                        .responses
-                        .and_then(|mut r| r.remove(table))
-                        .unwrap_or_default()
-                    {
-                        if let Some(item) = from_sdk_item(it)
-                            && let Some(k) = encode_key(&item, key_names)
-                        {
-                            found.insert(k, item);
-                        }
-                    }
-                    pending = out
-                        .unprocessed_keys
-                        .and_then(|mut m| m.remove(table))
-                        .map(|ka| ka.keys)
-                        .unwrap_or_default();
-                    if !pending.is_empty() {
-                        let e = AwsError::Throttled {
-                            action: "BatchGetItem",
-                            resource: table.into(),
-                            code: "UnprocessedKeys".into(),
-                            detail: format!("{} keys unprocessed", pending.len()),
-                            reasons: Vec::new(),
-                            endpoint: clients.endpoints.dynamodb.clone(),
-                        };
-                        control.read_throttled_retry(&e, attempt).await;
-                        attempt = (attempt + 1).min(6);
-                    }
-                }
-                Err(e) => match clients.error("BatchGetItem", table, e) {
-                    e @ AwsError::Throttled { .. } => {
-                        control.read_throttled_retry(&e, attempt).await;
-                        attempt = (attempt + 1).min(6);
-                    }
-                    e if e.is_transient() && failures < max_retries => {
-                        failures += 1;
-                        tokio::time::sleep(backoff(failures, jitter())).await;
-                    }
-                    e => return Err(e),
-                },
-            }
-        }
-    }
-    Ok((found, consumed))
-}
-
 // ---- the run ------------------------------------------------------------------
 
 const KEY_RUN: &str = "verify/run";
@@ -753,7 +650,7 @@ impl Ctx {
             .map(|n| {
                 Ok(match l.store.get::<SegState>(&seg_key(pass, n))? {
                     None => SegmentStart::Beginning,
-                    Some(SegState::After(k)) => SegmentStart::After(to_sdk_item(&k)),
+                    Some(SegState::After(k)) => SegmentStart::After(k),
                     Some(SegState::Done) => SegmentStart::Done,
                 })
             })
@@ -763,7 +660,7 @@ impl Ctx {
 
 fn seg_state(page: &Page) -> SegState {
     match &page.next {
-        Some(k) => SegState::After(from_sdk_item(k.clone()).unwrap_or_default()),
+        Some(k) => SegState::After(k.clone()),
         None => SegState::Done,
     }
 }
@@ -2035,23 +1932,13 @@ async fn repair_chunk(
         let Some(key) = &m.target_key else { continue };
         loop {
             ctx.tgt.wait_write().await;
-            match ctx
-                .clients
-                .dynamodb
-                .delete_item()
-                .table_name(&ctx.plan.target_table)
-                .set_key(Some(to_sdk_item(key)))
-                .send()
-                .await
-            {
-                Ok(_) => {
+            match crate::aws::item::delete_item(&ctx.clients, &ctx.plan.target_table, key).await {
+                Ok(()) => {
                     report.deleted += 1;
                     break;
                 }
-                Err(e) => match ctx.clients.error("DeleteItem", &ctx.plan.target_table, e) {
-                    e if e.is_throttle() => ctx.tgt.write_throttled(&e, 2).await,
-                    e => return Err(e.into()),
-                },
+                Err(e) if e.is_throttle() => ctx.tgt.write_throttled(&e, 2).await,
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -19,15 +19,13 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodbstreams::types::ShardIteratorType;
-
 use crate::aws::Clients;
+use crate::aws::streams::{
+    self, Lineage, ReadError, ShardProgress, Start, describe_shards, lag_and_through, now_secs,
+};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
-use crate::phase::tail::{
-    Lineage, ShardProgress, describe_shards, lag_and_through, now_secs, streams_item,
-};
 
 /// A source write seen by the watch: the item written, and the target key its
 /// new image maps to (None for a delete, or an image the plan does not map).
@@ -80,7 +78,7 @@ impl Watch {
             };
             if !s.closed {
                 w.iterator =
-                    Some(iterator(clients, &stream, &s.id, ShardIteratorType::Latest, None).await?);
+                    Some(streams::shard_iterator(clients, &stream, &s.id, Start::Latest).await?);
             }
             shards.insert(s.id, w);
         }
@@ -119,54 +117,27 @@ impl Watch {
             let it = match w.iterator.take() {
                 Some(i) => i,
                 None => {
-                    let (kind, after) = match &w.seq {
-                        Some(seq) => (ShardIteratorType::AfterSequenceNumber, Some(seq.as_str())),
-                        None => (ShardIteratorType::TrimHorizon, None),
-                    };
-                    iterator(&self.clients, &self.stream, &id, kind, after).await?
+                    let start = w.seq.as_deref().map_or(Start::TrimHorizon, Start::After);
+                    streams::shard_iterator(&self.clients, &self.stream, &id, start).await?
                 }
             };
             let read_at = now_secs();
-            let out = match self
-                .clients
-                .streams
-                .get_records()
-                .shard_iterator(&it)
-                .limit(PAGE)
-                .send()
-                .await
-            {
-                Ok(o) => o,
+            let page = match streams::get_records(&self.clients, &self.stream, &it).await {
+                Ok(p) => p,
+                // An expired iterator is re-made from the last record read;
+                // one that never read a record started at LATEST, which
+                // cannot be re-made: the watch has a gap.
+                Err(ReadError::Expired) if w.seq.is_some() => continue,
                 Err(e) => {
-                    let code = aws_sdk_dynamodbstreams::error::ProvideErrorMetadata::code(&e)
-                        .unwrap_or("")
-                        .to_string();
-                    // An expired iterator is re-made from the last record read;
-                    // one that never read a record started at LATEST, which
-                    // cannot be re-made: the watch has a gap.
-                    if code == "ExpiredIteratorException" && w.seq.is_some() {
-                        continue;
-                    }
-                    return Err(anyhow::Error::from(self.clients.streams_error(
-                        "GetRecords",
-                        &self.stream,
-                        e,
-                    ))
-                    .context(format!("watching shard {id}")));
+                    return Err(anyhow::Error::from(e).context(format!("watching shard {id}")));
                 }
             };
-            for r in out.records() {
-                let Some(d) = r.dynamodb() else { continue };
-                if let Some(seq) = d.sequence_number() {
-                    w.seq = Some(seq.to_string());
+            for r in page.records {
+                w.seq = Some(r.seq);
+                if let Some(at) = r.created_at {
+                    w.progress.record_at = Some(w.progress.record_at.map_or(at, |p| p.max(at)));
                 }
-                if let Some(at) = d.approximate_creation_date_time() {
-                    let at = at.as_secs_f64();
-                    w.progress.record_at = Some(w.progress.record_at.map_or(at, |r| r.max(at)));
-                }
-                let Some(keys) = d.keys().and_then(streams_item) else {
-                    continue;
-                };
+                let Some(keys) = r.keys else { continue };
                 let source_key: Item = names
                     .iter()
                     .filter_map(|n| keys.get(*n).map(|v| (n.to_string(), v.clone())))
@@ -174,23 +145,20 @@ impl Watch {
                 if source_key.len() != names.len() {
                     continue;
                 }
-                let target_key =
-                    d.new_image().and_then(streams_item).and_then(|new| {
-                        match transform(&self.plan, &new) {
-                            Outcome::Put { item, .. } => encode_key(&item, &tnames),
-                            _ => None,
-                        }
-                    });
+                let target_key = r.new.and_then(|new| match transform(&self.plan, &new) {
+                    Outcome::Put { item, .. } => encode_key(&item, &tnames),
+                    _ => None,
+                });
                 touches.push(Touch {
                     source_key,
                     target_key,
                 });
             }
-            if drained(out.records()) {
+            if page.drained {
                 w.progress.empty_read_at = Some(read_at);
             }
-            match out.next_shard_iterator() {
-                Some(next) => w.iterator = Some(next.to_string()),
+            match page.next {
+                Some(next) => w.iterator = Some(next),
                 None => w.finished = true,
             }
         }
@@ -222,70 +190,3 @@ impl Watch {
 
 /// How often a poll lists the stream's shards.
 const DESCRIBE_EVERY_SECONDS: f64 = 1.0;
-/// Records asked for per GetRecords call (DynamoDB's maximum).
-const PAGE: i32 = 1000;
-/// GetRecords also stops at 1 MB of records.
-const PAGE_BYTES: i64 = 1 << 20;
-/// DynamoDB's largest item.
-const MAX_ITEM_BYTES: i64 = 400 * 1024;
-
-/// Whether a GetRecords page ended because the shard had nothing more, not at
-/// a limit: fewer records than asked for, and room left for one more of the
-/// largest size (so the 1 MB cap did not cut it either).
-fn drained(records: &[aws_sdk_dynamodbstreams::types::Record]) -> bool {
-    let bytes: i64 = records
-        .iter()
-        .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
-        .sum();
-    records.len() < PAGE as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
-}
-
-async fn iterator(
-    clients: &Clients,
-    stream: &str,
-    shard: &str,
-    kind: ShardIteratorType,
-    after: Option<&str>,
-) -> anyhow::Result<String> {
-    let out = clients
-        .streams
-        .get_shard_iterator()
-        .stream_arn(stream)
-        .shard_id(shard)
-        .shard_iterator_type(kind)
-        .set_sequence_number(after.map(str::to_string))
-        .send()
-        .await
-        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
-    out.shard_iterator()
-        .map(str::to_string)
-        .ok_or_else(|| anyhow::anyhow!("GetShardIterator returned no iterator for {shard}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use aws_sdk_dynamodbstreams::types::{Record, StreamRecord};
-
-    fn page(n: usize, each: i64) -> Vec<Record> {
-        (0..n)
-            .map(|_| {
-                Record::builder()
-                    .dynamodb(StreamRecord::builder().size_bytes(each).build())
-                    .build()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
-        assert!(drained(&[]));
-        assert!(drained(&page(999, 100)));
-        assert!(!drained(&page(1000, 100)), "cut at 1,000 records");
-        assert!(!drained(&page(3, 300 * 1024)), "maybe cut at 1 MB");
-        assert!(
-            drained(&page(1, 500 * 1024)),
-            "another 400 KB item would have fit"
-        );
-    }
-}

@@ -1,0 +1,468 @@
+//! DynamoDB Streams for both of rekey's readers — the tail and verify's
+//! stream watch: the shard list and its lineage, iterators, and one GetRecords
+//! call with one set of retry rules (throttles and transient failures are
+//! retried with backoff; an expired iterator and trimmed records are told
+//! apart, because only the caller knows how to resume). Records come back in
+//! rekey's types.
+//!
+//! The pure half — which shards may be read, and how far a set of reads
+//! covers the stream (`lag_and_through`) — lives here too, so both readers
+//! make the same claims.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use aws_sdk_dynamodbstreams::types::{OperationType, ShardIteratorType};
+
+use crate::aws::retry::{backoff, jitter};
+use crate::aws::{AwsError, Clients};
+use crate::core::value::{Item, Value};
+
+#[derive(Debug, Clone)]
+pub struct ShardInfo {
+    pub id: String,
+    pub parent: Option<String>,
+    pub closed: bool,
+}
+
+/// Sequence numbers are decimal strings of up to 40 digits: compared (and
+/// sorted as keys) by padding to a fixed width, never as text of varying width.
+pub fn seq_key(seq: &str) -> String {
+    format!("{seq:0>40}")
+}
+
+/// Shards whose records may be read now: not finished, and whose parent is
+/// finished or unknown (trimmed away). Children after parents is what keeps
+/// per-item order across splits.
+pub fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
+    let known: HashSet<&str> = shards.iter().map(|s| s.id.as_str()).collect();
+    shards
+        .iter()
+        .filter(|s| !finished.contains(&s.id))
+        .filter(|s| match &s.parent {
+            Some(p) => finished.contains(p) || !known.contains(p.as_str()),
+            None => true,
+        })
+        .map(|s| s.id.clone())
+        .collect()
+}
+
+/// Generations from the oldest known ancestor: buffered records are applied
+/// in this order, so a parent's records always precede its children's.
+pub fn depth(shards: &[ShardInfo], id: &str) -> usize {
+    let parents: BTreeMap<&str, Option<&str>> = shards
+        .iter()
+        .map(|s| (s.id.as_str(), s.parent.as_deref()))
+        .collect();
+    let mut d = 0;
+    let mut cur = id;
+    while let Some(Some(p)) = parents.get(cur) {
+        d += 1;
+        cur = p;
+        if d > 10_000 {
+            break;
+        }
+    }
+    d
+}
+
+/// How long after a write its record is assumed readable from the stream: a
+/// read that finds a shard empty at `t` is taken to cover writes before
+/// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
+/// second; the drain barrier does not rely on this.)
+const STREAM_DELAY_SECONDS: f64 = 1.0;
+
+/// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
+#[derive(Debug, Clone, Default)]
+pub struct ShardProgress {
+    /// Creation time of the newest record applied (or buffered).
+    pub record_at: Option<f64>,
+    /// Start of the last read that found nothing new: the shard was drained then.
+    pub empty_read_at: Option<f64>,
+}
+
+/// What the tail knew of the stream's shards when it last described it.
+pub struct Lineage<'a> {
+    /// Shards being read: not finished, parents finished.
+    pub open: &'a [&'a str],
+    /// Listed shards not read yet because a parent is still open. Their
+    /// records can be older than an open shard's drained time (a child opens
+    /// when its parent closes), so while any waits nothing is claimed.
+    pub waiting: usize,
+    /// When the describe started: a shard created later is not in the list,
+    /// so no claim may reach past it.
+    pub described_at: f64,
+}
+
+/// Lag and `applied_through` from the per-shard progress: the pure half of
+/// what the tail publishes. Lag is over the open shards only (a waiting
+/// shard's lag shows in its parent's).
+pub fn lag_and_through(
+    lineage: &Lineage,
+    progress: &HashMap<String, ShardProgress>,
+    now: f64,
+) -> (Option<f64>, f64) {
+    let mut lag: Option<f64> = None;
+    let mut through = if lineage.waiting > 0 {
+        f64::NEG_INFINITY
+    } else {
+        (now - STREAM_DELAY_SECONDS).min(lineage.described_at)
+    };
+    for id in lineage.open {
+        let p = progress.get(*id).cloned().unwrap_or_default();
+        let drained_at = p.empty_read_at.map(|t| t - STREAM_DELAY_SECONDS);
+        let shard_through = match (p.record_at, drained_at) {
+            (Some(r), Some(d)) => r.max(d),
+            (Some(r), None) => r,
+            (None, Some(d)) => d,
+            (None, None) => f64::NEG_INFINITY,
+        };
+        through = through.min(shard_through);
+        let shard_lag = match (p.empty_read_at, p.record_at) {
+            (Some(e), Some(r)) if e >= r => 0.0,
+            (Some(_), None) => 0.0,
+            (_, Some(r)) => (now - r).max(0.0),
+            (None, None) => f64::INFINITY,
+        };
+        lag = Some(lag.map_or(shard_lag, |l: f64| l.max(shard_lag)));
+    }
+    (lag.filter(|l| l.is_finite()), through)
+}
+
+pub fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+pub async fn describe_shards(clients: &Clients, stream: &str) -> Result<Vec<ShardInfo>, AwsError> {
+    let mut shards = Vec::new();
+    let mut start: Option<String> = None;
+    loop {
+        let out = clients
+            .streams
+            .describe_stream()
+            .stream_arn(stream)
+            .set_exclusive_start_shard_id(start.take())
+            .send()
+            .await
+            .map_err(|e| clients.streams_error("DescribeStream", stream, e))?;
+        let Some(desc) = out.stream_description() else {
+            break;
+        };
+        for s in desc.shards() {
+            shards.push(ShardInfo {
+                id: s.shard_id().unwrap_or_default().to_string(),
+                parent: s.parent_shard_id().map(str::to_string),
+                closed: s
+                    .sequence_number_range()
+                    .and_then(|r| r.ending_sequence_number())
+                    .is_some(),
+            });
+        }
+        match desc.last_evaluated_shard_id() {
+            Some(last) => start = Some(last.to_string()),
+            None => break,
+        }
+    }
+    Ok(shards)
+}
+
+/// Where an iterator starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    /// The oldest record kept.
+    TrimHorizon,
+    /// After the newest record: only what is written from now on.
+    Latest,
+    After(&'a str),
+}
+
+pub async fn shard_iterator(
+    clients: &Clients,
+    stream: &str,
+    shard: &str,
+    start: Start<'_>,
+) -> Result<String, AwsError> {
+    let req = clients
+        .streams
+        .get_shard_iterator()
+        .stream_arn(stream)
+        .shard_id(shard);
+    let req = match start {
+        Start::After(seq) => req
+            .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+            .sequence_number(seq),
+        Start::TrimHorizon => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+        Start::Latest => req.shard_iterator_type(ShardIteratorType::Latest),
+    };
+    let out = req
+        .send()
+        .await
+        .map_err(|e| clients.streams_error("GetShardIterator", stream, e))?;
+    out.shard_iterator
+        .ok_or_else(|| clients.streams_missing("GetShardIterator", stream, "no iterator"))
+}
+
+/// What a record did to its item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    Insert,
+    Modify,
+    Remove,
+}
+
+/// One stream record in rekey's types.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub seq: String,
+    pub kind: RecordKind,
+    /// The item's primary key.
+    pub keys: Option<Item>,
+    pub old: Option<Item>,
+    pub new: Option<Item>,
+    /// A delete by DynamoDB's TTL process, not by the application.
+    pub ttl: bool,
+    /// `ApproximateCreationDateTime`, epoch seconds.
+    pub created_at: Option<f64>,
+}
+
+/// One GetRecords answer.
+#[derive(Debug)]
+pub struct Page {
+    pub records: Vec<Record>,
+    /// None: the shard is closed and read to its end.
+    pub next: Option<String>,
+    /// The page ended because the shard had nothing more, not at a limit
+    /// (under a steady write load no read is ever empty).
+    pub drained: bool,
+}
+
+/// Why a GetRecords call did not return records.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The iterator is older than 15 minutes: get a new one from the last
+    /// record read.
+    #[error("the shard iterator expired")]
+    Expired,
+    /// Records were trimmed (24-hour retention) before they were read.
+    #[error(
+        "records were trimmed from the stream before they were read (TrimmedDataAccessException)"
+    )]
+    Trimmed,
+    #[error(transparent)]
+    Aws(#[from] AwsError),
+}
+
+/// Records asked for per GetRecords call (DynamoDB's maximum).
+pub const PAGE: i32 = 1000;
+/// GetRecords also stops at 1 MB of records.
+const PAGE_BYTES: i64 = 1 << 20;
+/// DynamoDB's largest item.
+const MAX_ITEM_BYTES: i64 = 400 * 1024;
+/// Throttled or failed GetRecords calls retried before giving up.
+const MAX_RETRIES: u32 = 10;
+
+/// Whether a GetRecords page ended because the shard had nothing more, not at
+/// a limit: fewer records than asked for, and room left for one more of the
+/// largest size (so the 1 MB cap did not cut it either).
+fn drained(count: usize, bytes: i64) -> bool {
+    count < PAGE as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
+}
+
+/// One GetRecords call: throttles and transient failures are retried with
+/// backoff (the iterator stays valid), up to `MAX_RETRIES` times.
+pub async fn get_records(
+    clients: &Clients,
+    stream: &str,
+    iterator: &str,
+) -> Result<Page, ReadError> {
+    let mut failures = 0;
+    loop {
+        let out = clients
+            .streams
+            .get_records()
+            .shard_iterator(iterator)
+            .limit(PAGE)
+            .send()
+            .await;
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                let code = aws_sdk_dynamodbstreams::error::ProvideErrorMetadata::code(&e)
+                    .unwrap_or("")
+                    .to_string();
+                match code.as_str() {
+                    "ExpiredIteratorException" => return Err(ReadError::Expired),
+                    "TrimmedDataAccessException" => return Err(ReadError::Trimmed),
+                    _ => {}
+                }
+                let err = clients.streams_error("GetRecords", stream, e);
+                if (err.is_throttle() || err.is_transient()) && failures < MAX_RETRIES {
+                    failures += 1;
+                    tokio::time::sleep(backoff(failures, jitter())).await;
+                    continue;
+                }
+                return Err(err.into());
+            }
+        };
+        let bytes: i64 = out
+            .records()
+            .iter()
+            .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
+            .sum();
+        let count = out.records().len();
+        let records = out.records().iter().filter_map(record).collect();
+        return Ok(Page {
+            records,
+            next: out.next_shard_iterator,
+            drained: drained(count, bytes),
+        });
+    }
+}
+
+fn record(r: &aws_sdk_dynamodbstreams::types::Record) -> Option<Record> {
+    let d = r.dynamodb()?;
+    let kind = match r.event_name()? {
+        OperationType::Insert => RecordKind::Insert,
+        OperationType::Modify => RecordKind::Modify,
+        OperationType::Remove => RecordKind::Remove,
+        _ => return None,
+    };
+    Some(Record {
+        seq: d.sequence_number().unwrap_or_default().to_string(),
+        kind,
+        keys: d.keys().and_then(streams_item),
+        old: d.old_image().and_then(streams_item),
+        new: d.new_image().and_then(streams_item),
+        ttl: r.user_identity().and_then(|u| u.principal_id()) == Some("dynamodb.amazonaws.com"),
+        created_at: d.approximate_creation_date_time().map(|t| t.as_secs_f64()),
+    })
+}
+
+fn streams_item(
+    m: &HashMap<String, aws_sdk_dynamodbstreams::types::AttributeValue>,
+) -> Option<Item> {
+    use aws_sdk_dynamodbstreams::types::AttributeValue as A;
+    fn conv(v: &A) -> Option<Value> {
+        Some(match v {
+            A::S(s) => Value::S(s.clone()),
+            A::N(n) => Value::N(n.clone()),
+            A::B(b) => Value::B(b.clone().into_inner()),
+            A::Ss(v) => Value::Ss(v.clone()),
+            A::Ns(v) => Value::Ns(v.clone()),
+            A::Bs(v) => Value::Bs(v.iter().map(|b| b.clone().into_inner()).collect()),
+            A::M(m) => Value::M(
+                m.iter()
+                    .map(|(k, v)| conv(v).map(|v| (k.clone(), v)))
+                    .collect::<Option<_>>()?,
+            ),
+            A::L(l) => Value::L(l.iter().map(conv).collect::<Option<_>>()?),
+            A::Bool(b) => Value::Bool(*b),
+            A::Null(_) => Value::Null,
+            _ => return None,
+        })
+    }
+    m.iter()
+        .map(|(k, v)| conv(v).map(|v| (k.clone(), v)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_wait_for_their_parents() {
+        let s = |id: &str, parent: Option<&str>| ShardInfo {
+            id: id.into(),
+            parent: parent.map(str::to_string),
+            closed: false,
+        };
+        let shards = vec![
+            s("a", None),
+            s("b", Some("a")),
+            s("c", Some("a")),
+            s("d", Some("gone")),
+        ];
+        let mut done = HashSet::new();
+        assert_eq!(ready_shards(&shards, &done), vec!["a", "d"]);
+        done.insert("a".to_string());
+        assert_eq!(ready_shards(&shards, &done), vec!["b", "c", "d"]);
+        assert_eq!(depth(&shards, "b"), 1);
+    }
+
+    fn progress(entries: &[(&str, Option<f64>, Option<f64>)]) -> HashMap<String, ShardProgress> {
+        entries
+            .iter()
+            .map(|(id, record_at, empty_read_at)| {
+                (
+                    id.to_string(),
+                    ShardProgress {
+                        record_at: *record_at,
+                        empty_read_at: *empty_read_at,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
+        Lineage {
+            open,
+            waiting: 0,
+            described_at: 1000.0,
+        }
+    }
+
+    #[test]
+    fn applied_through_is_held_back_by_the_slowest_shard() {
+        // a: drained at 100; b: busy, last applied record from 90.
+        let p = progress(&[("a", Some(95.0), Some(100.0)), ("b", Some(90.0), None)]);
+        let (lag, through) = lag_and_through(&lineage(&["a", "b"]), &p, 101.0);
+        assert_eq!(through, 90.0);
+        assert_eq!(lag, Some(11.0), "b's last record is 11 s old");
+        // Only a: drained, so through is its read time less the stream delay.
+        let (lag, through) = lag_and_through(&lineage(&["a"]), &p, 101.0);
+        assert_eq!((lag, through), (Some(0.0), 100.0 - STREAM_DELAY_SECONDS));
+        // A shard never read holds everything back, and its lag is unknown.
+        let (lag, through) = lag_and_through(&lineage(&["a", "new"]), &p, 101.0);
+        assert_eq!((lag, through), (None, f64::NEG_INFINITY));
+    }
+
+    /// Regression: a drained parent let the tail claim "applied through" its
+    /// read time while a child shard, not read yet, held older records.
+    #[test]
+    fn applied_through_claims_nothing_while_a_child_shard_waits_or_past_the_describe() {
+        let p = progress(&[("parent", Some(95.0), Some(100.0))]);
+        let waiting = Lineage {
+            open: &["parent"],
+            waiting: 1,
+            described_at: 1000.0,
+        };
+        let (lag, through) = lag_and_through(&waiting, &p, 101.0);
+        assert_eq!(through, f64::NEG_INFINITY);
+        assert_eq!(lag, Some(0.0), "lag is the open shards' alone");
+        // A shard created after the describe is unknown: no claim past it.
+        let stale = Lineage {
+            open: &["parent"],
+            waiting: 0,
+            described_at: 97.0,
+        };
+        assert_eq!(lag_and_through(&stale, &p, 101.0).1, 97.0);
+    }
+
+    #[test]
+    fn sequence_numbers_order_as_numbers() {
+        assert!(seq_key("9") < seq_key("10"));
+        assert!(seq_key("000100") == seq_key("100") || seq_key("100") > seq_key("99"));
+    }
+
+    #[test]
+    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
+        assert!(drained(0, 0));
+        assert!(drained(999, 999 * 100));
+        assert!(!drained(1000, 1000 * 100), "cut at 1,000 records");
+        assert!(!drained(3, 3 * 300 * 1024), "maybe cut at 1 MB");
+        assert!(drained(1, 500 * 1024), "another 400 KB item would have fit");
+    }
+}
