@@ -446,7 +446,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     (Some(r), _) => {
                         println!(
                             "\nCut over at {} (drain barrier {}): every write to `{}` until then is in `{}`.\n",
-                            r.at, r.barrier, r.source_table, r.target_table
+                            crate::state::snapshot::show_time(&r.at),
+                            r.barrier,
+                            r.source_table,
+                            r.target_table
                         );
                         println!("{}", cutover::next_steps(&plan, &a.plan));
                     }
@@ -492,7 +495,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             if a.json {
                 print_json(&report)?;
             } else {
-                print!("{}", snapshot::render(&report));
+                print!("{}", crate::ops::status::render(&report));
             }
             Ok(exit::OK)
         }

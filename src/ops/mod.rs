@@ -11,3 +11,4 @@ pub mod demo;
 pub mod iam;
 pub mod progress;
 pub mod redact;
+pub mod status;

@@ -52,7 +52,7 @@ use crate::phase::inplace::{self, Applied, Direction};
 use crate::phase::progress::Progress;
 use crate::state::control::ControlFile;
 use crate::state::rejects::RejectsFile;
-use crate::state::{Phase, StateStore};
+use crate::state::{BackfillStage, StateStore};
 
 #[derive(Debug, Clone)]
 pub struct BackfillOptions {
@@ -303,8 +303,8 @@ pub async fn run(
 
     let store = StateStore::open(&opts.state_dir, plan)?;
     let totals: Counters = store.get(&keys.counters())?.unwrap_or_default();
-    let resumed = store.get::<Phase>(&keys.phase())?.is_some();
-    store.put(&keys.phase(), &Phase::Backfilling)?;
+    let resumed = store.get::<BackfillStage>(&keys.phase())?.is_some();
+    store.put(&keys.phase(), &BackfillStage::Backfilling)?;
     // Lines written for pages that were in flight at a crash are not committed: cut them.
     let committed_len: u64 = store.get(&keys.rejects_len())?.unwrap_or(0);
     let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
@@ -425,7 +425,7 @@ pub async fn run(
                     &dir.backfill_snapshot(),
                     &crate::state::snapshot::BackfillStatus {
                         pid: std::process::id(),
-                        updated_at: crate::state::snapshot::now_rfc3339(),
+                        updated_at: chrono::Utc::now(),
                         done: false,
                         paused,
                         expected_items,
@@ -468,7 +468,9 @@ pub async fn run(
     result?;
 
     let mut ledger = ledger.lock().await;
-    ledger.store.put(&keys.phase(), &Phase::BackfillDone)?;
+    ledger
+        .store
+        .put(&keys.phase(), &BackfillStage::BackfillDone)?;
     ledger.store.flush()?;
     if !opts.undo {
         // From here on the tail may apply what it captured (ARCHITECTURE.md).
@@ -482,7 +484,7 @@ pub async fn run(
         &opts.state_dir.backfill_snapshot(),
         &crate::state::snapshot::BackfillStatus {
             pid: std::process::id(),
-            updated_at: crate::state::snapshot::now_rfc3339(),
+            updated_at: chrono::Utc::now(),
             done: true,
             expected_items: source.item_count,
             scanned: t.scanned,

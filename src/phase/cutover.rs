@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
@@ -28,8 +28,8 @@ use crate::phase::barrier::{self, DrainOptions};
 use crate::phase::progress::Progress;
 use crate::state::StateDir;
 use crate::state::StateStore;
-use crate::state::snapshot::TailStatus;
 use crate::state::snapshot::{self, BackfillStatus};
+use crate::state::snapshot::{CutoverRecord, Gate, TailStatus, VerifyResult};
 
 /// The file the tail polls: once it exists the tail stops.
 #[derive(Debug, Clone)]
@@ -47,13 +47,6 @@ pub struct CutoverOptions {
     pub drain_timeout: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Gate {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-}
-
 /// What the gates look at, read from the state directory.
 #[derive(Debug, Clone, Default)]
 pub struct Evidence {
@@ -61,7 +54,7 @@ pub struct Evidence {
     pub backfill: Option<BackfillStatus>,
     pub tail: Option<TailStatus>,
     pub tail_running: bool,
-    pub verify: Option<serde_json::Value>,
+    pub verify: Option<VerifyResult>,
     pub rejects: u64,
 }
 
@@ -78,13 +71,6 @@ impl Evidence {
                 + snapshot::count_lines(&state_dir.tail_rejects())?,
         })
     }
-}
-
-fn parse_time(v: Option<&serde_json::Value>) -> Option<chrono::DateTime<chrono::Utc>> {
-    let text = v?.as_str()?;
-    chrono::DateTime::parse_from_rfc3339(text)
-        .ok()
-        .map(|t| t.with_timezone(&chrono::Utc))
 }
 
 /// The gates, from the evidence (pure: `now` is passed in).
@@ -119,13 +105,15 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
                 .into(),
         ),
         Some(t) => {
-            let stale = parse_time(Some(&serde_json::Value::from(t.updated_at.clone())))
-                .is_none_or(|u| (now - u).num_seconds() > 30);
+            let stale = (now - t.updated_at).num_seconds() > 30;
             match t.lag_seconds {
                 _ if stale => gate(
                     "tail caught up",
                     false,
-                    format!("no word from the tail since {}", t.updated_at),
+                    format!(
+                        "no word from the tail since {}",
+                        snapshot::show_time(&t.updated_at)
+                    ),
                 ),
                 Some(l) if l <= opts.max_lag => gate(
                     "tail caught up",
@@ -152,10 +140,9 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             "no verify has finished; run `rekey verify`".into(),
         ),
         Some(v) => {
-            let finished = parse_time(v.get("finished_at"));
-            let age = finished.map(|f| (now - f).to_std().unwrap_or_default());
-            let sampled = v.get("sample_percent").is_some_and(|p| !p.is_null());
-            match (snapshot::verify_clean(v), age) {
+            let age = (now - v.finished_at).to_std().unwrap_or_default();
+            let sampled = v.sample_percent.is_some();
+            match (v.clean, age) {
                 _ if sampled => gate(
                     "clean verify",
                     false,
@@ -166,12 +153,12 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
                     false,
                     "the last verify found differences; fix them (`rekey verify --repair`) and verify again".into(),
                 ),
-                (true, Some(a)) if a <= opts.max_verify_age => gate(
+                (true, a) if a <= opts.max_verify_age => gate(
                     "clean verify",
                     true,
                     format!("clean, {:.0} s ago", a.as_secs_f64()),
                 ),
-                (true, Some(a)) => gate(
+                (true, a) => gate(
                     "clean verify",
                     false,
                     format!(
@@ -180,7 +167,6 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
                         opts.max_verify_age.as_secs_f64()
                     ),
                 ),
-                (true, None) => gate("clean verify", false, "verify result has no finish time".into()),
             }
         }
     };
@@ -196,16 +182,6 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
         },
     );
     vec![backfill, tail, verify, rejects]
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CutoverRecord {
-    pub at: String,
-    pub barrier: String,
-    pub source_table: String,
-    pub target_table: String,
-    pub gates: Vec<Gate>,
-    pub finished_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -286,7 +262,7 @@ pub async fn cutover(
         });
     }
     let record = CutoverRecord {
-        at: snapshot::now_rfc3339(),
+        at: chrono::Utc::now(),
         barrier: drain.barrier,
         source_table: plan.source_table.clone(),
         target_table: plan.target_table.clone(),
@@ -354,7 +330,7 @@ pub async fn finish(
             record: Some(record),
         });
     }
-    record.finished_at = Some(snapshot::now_rfc3339());
+    record.finished_at = Some(chrono::Utc::now());
     store.put("cutover/record", &record)?;
     store.flush()?;
     snapshot::publish(&state_dir.cutover_record(), &record)?;
@@ -387,17 +363,27 @@ mod tests {
             backfill_done: true,
             backfill: None,
             tail: Some(TailStatus {
-                updated_at: now.to_rfc3339(),
+                updated_at: now,
                 lag_seconds: Some(0.4),
-                applied_through: Some(now.to_rfc3339()),
+                applied_through: Some(now),
                 ..Default::default()
             }),
             tail_running: true,
-            verify: Some(serde_json::json!({
-                "clean": true,
-                "finished_at": (now - chrono::Duration::seconds(60)).to_rfc3339()
-            })),
+            verify: Some(verify_result(true, now - chrono::Duration::seconds(60))),
             rejects: 0,
+        }
+    }
+
+    fn verify_result(clean: bool, finished_at: chrono::DateTime<chrono::Utc>) -> VerifyResult {
+        VerifyResult {
+            source_table: "a".into(),
+            target_table: "b".into(),
+            plan_fingerprint: "f".into(),
+            started_at: finished_at,
+            finished_at,
+            clean,
+            sample_percent: None,
+            counts: Default::default(),
         }
     }
 
@@ -432,7 +418,7 @@ mod tests {
         );
 
         let mut e = ready(now);
-        e.verify = Some(serde_json::json!({"clean": false, "finished_at": now.to_rfc3339()}));
+        e.verify = Some(verify_result(false, now));
         assert_eq!(failing(&gates(&e, &opts(), now)), ["clean verify"]);
         let e = ready(now);
         let much_later = now + chrono::Duration::seconds(7200);

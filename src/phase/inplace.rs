@@ -597,7 +597,8 @@ pub mod verify {
     use crate::aws::scan::{self, ScanOptions};
     use crate::phase::error::InputError;
     use crate::phase::progress::Progress;
-    use crate::phase::verify::{Counts, TailWait, VerifyOptions, VerifyResult, wait_for_tail};
+    use crate::phase::verify::{TailWait, VerifyOptions, wait_for_tail};
+    use crate::state::snapshot::{Counts, VerifyResult};
 
     #[derive(Debug, Clone, Serialize)]
     pub struct InPlaceVerifyReport {

@@ -26,6 +26,7 @@ use crate::phase::tail::{self, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
 use crate::state::StateDir;
 use crate::state::snapshot;
+use crate::state::snapshot::VerifyResult;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -55,7 +56,7 @@ pub struct RunReport {
     pub phase: snapshot::Phase,
     pub analyze: Option<AnalyzeVerdict>,
     pub backfill: Option<backfill::BackfillReport>,
-    pub verify: Option<serde_json::Value>,
+    pub verify: Option<VerifyResult>,
     /// Why the run stopped before ready-for-cutover (gate not met, differences).
     pub blocked: Option<String>,
 }
@@ -205,20 +206,21 @@ async fn phases(
     // Differences the re-check could not settle because the tail was behind
     // (unconfirmed) are worth another pass once it has caught up; confirmed
     // differences stop the run.
-    let previous: Option<serde_json::Value> = snapshot::read(&opts.state_dir.verify_snapshot())?;
-    let fresh = previous.as_ref().is_some_and(|v| {
-        snapshot::verify_clean(v) && v.get("sample_percent").is_none_or(|p| p.is_null())
-    });
-    let mut verdict = previous.unwrap_or_default();
+    let previous: Option<VerifyResult> = snapshot::read(&opts.state_dir.verify_snapshot())?;
+    let fresh = previous
+        .as_ref()
+        .is_some_and(|v| v.clean && v.sample_percent.is_none());
+    let mut verdict = previous;
     if !fresh {
         for attempt in 1..=VERIFY_ATTEMPTS {
             progress.note("verify: comparing every source item with the target, and back");
             let r = verify::run(clients, plan, &opts.verify, progress).await?;
-            verdict = serde_json::to_value(&r.result)?;
-            let c = &r.result.counts;
+            let c = r.result.counts;
             let confirmed = c.missing + c.different + c.orphans;
             let unsettled = c.unconfirmed + c.unconfirmed_orphans;
-            if r.result.clean || confirmed > 0 || attempt == VERIFY_ATTEMPTS {
+            let clean = r.result.clean;
+            verdict = Some(r.result);
+            if clean || confirmed > 0 || attempt == VERIFY_ATTEMPTS {
                 break;
             }
             progress.note(&format!(
@@ -227,16 +229,13 @@ async fn phases(
             drain_or_gate(clients, plan, opts).await?;
         }
     }
-    if !snapshot::verify_clean(&verdict) {
+    if let Some(v) = verdict.as_ref().filter(|v| !v.clean) {
         report.blocked = Some(format!(
             "verify found differences ({}; see {}); repair with `rekey verify --repair`, then run again",
-            verdict
-                .get("counts")
-                .map(|c| c.to_string())
-                .unwrap_or_default(),
+            serde_json::to_string(&v.counts).unwrap_or_default(),
             opts.state_dir.mismatches().display()
         ));
     }
-    report.verify = Some(verdict);
+    report.verify = verdict;
     Ok(())
 }

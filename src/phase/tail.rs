@@ -46,7 +46,7 @@ use crate::phase::progress::Progress;
 use crate::state::StateDir;
 use crate::state::StateStore;
 use crate::state::rejects::RejectsFile;
-use crate::state::snapshot::{self, BarrierState, ShardStatus, TailStatus};
+use crate::state::snapshot::{self, BarrierState, ShardPhase, ShardStatus, TailStatus};
 
 /// Written by the backfill when it is complete; the tail applies nothing before.
 #[derive(Debug, Clone)]
@@ -227,10 +227,9 @@ fn barrier_complete(
         })
 }
 
-fn rfc3339(secs: f64) -> String {
-    chrono::DateTime::from_timestamp_millis((secs * 1000.0) as i64)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// Epoch seconds (the stream's and the tail's clock) as a time.
+fn time(secs: f64) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_millis((secs * 1000.0) as i64).unwrap_or_default()
 }
 
 /// The tail's state between loop turns.
@@ -413,7 +412,7 @@ pub async fn run(
     let path = opts.state_dir.tail_snapshot();
     if let Some(mut last) = snapshot::read::<TailStatus>(&path)? {
         last.stopped = true;
-        last.updated_at = rfc3339(now_secs());
+        last.updated_at = time(now_secs());
         snapshot::publish(&path, &last)?;
     }
     Ok(t.report)
@@ -597,8 +596,8 @@ impl Tail<'_> {
         }
         let status = TailStatus {
             pid: std::process::id(),
-            updated_at: rfc3339(now),
-            applied_through: (applying && through.is_finite()).then(|| rfc3339(through)),
+            updated_at: time(now),
+            applied_through: (applying && through.is_finite()).then(|| time(through)),
             lag_seconds: if applying { lag } else { None },
             backfill_done: self.opts.state_dir.is_backfill_done(),
             records: self.report.records,
@@ -612,13 +611,13 @@ impl Tail<'_> {
                 .map(|s| {
                     let p = self.progress.get(&s.id).cloned().unwrap_or_default();
                     let state = if finished.contains(&s.id) {
-                        "finished"
+                        ShardPhase::Finished
                     } else if !ready.contains(&s.id) {
-                        "waiting"
+                        ShardPhase::Waiting
                     } else if s.closed {
-                        "closed"
+                        ShardPhase::Closed
                     } else {
-                        "open"
+                        ShardPhase::Open
                     };
                     let one = Lineage {
                         open: &[s.id.as_str()],
@@ -628,10 +627,10 @@ impl Tail<'_> {
                     let (shard_lag, _) = lag_and_through(&one, &self.progress, now);
                     ShardStatus {
                         shard_id: s.id.clone(),
-                        state: state.into(),
+                        state,
                         last_sequence: states.get(&s.id).and_then(|st| st.seq.clone()),
-                        last_record_at: p.record_at.map(rfc3339),
-                        lag_seconds: if state == "finished" {
+                        last_record_at: p.record_at.map(time),
+                        lag_seconds: if state == ShardPhase::Finished {
                             Some(0.0)
                         } else {
                             shard_lag

@@ -53,6 +53,7 @@ use crate::phase::error::InputError;
 use crate::phase::progress::Progress;
 use crate::phase::watch::Touch;
 use crate::state::StateDir;
+use crate::state::snapshot::{Counts, VerifyResult, rfc3339};
 use crate::state::{StateStore, StoreBatch};
 
 /// Keys per BatchGetItem call (DynamoDB's limit).
@@ -84,87 +85,9 @@ pub struct VerifyOptions {
     pub max_retries: u32,
 }
 
-/// Counters committed with each checkpoint.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Counts {
-    pub scanned: u64,
-    pub matched: u64,
-    pub missing: u64,
-    pub different: u64,
-    /// Forward candidates the re-check could not settle.
-    pub unconfirmed: u64,
-    /// Forward candidates awaiting their re-check.
-    pub pending: u64,
-    pub rejected: u64,
-    /// Rejects that are collisions: another source item owns the target key.
-    pub collisions: u64,
-    pub skipped: u64,
-    /// Not picked by `--sample`.
-    pub unsampled: u64,
-    /// Candidates (both ways) a re-check showed were transient: counted as matched.
-    pub resolved: u64,
-    pub target_scanned: u64,
-    pub target_matched: u64,
-    pub orphans: u64,
-    pub unconfirmed_orphans: u64,
-    pub pending_orphans: u64,
-}
-
-impl Counts {
-    pub fn add(&mut self, o: &Counts) {
-        macro_rules! add {
-            ($($f:ident),*) => {$( self.$f = self.$f.wrapping_add(o.$f); )*};
-        }
-        add!(
-            scanned,
-            matched,
-            missing,
-            different,
-            unconfirmed,
-            pending,
-            rejected,
-            collisions,
-            skipped,
-            unsampled,
-            resolved,
-            target_scanned,
-            target_matched,
-            orphans,
-            unconfirmed_orphans,
-            pending_orphans
-        );
-    }
-
-    /// Source items found wrong in the target (missing, different, or not settled).
-    pub fn mismatched(&self) -> u64 {
-        self.missing + self.different + self.unconfirmed
-    }
-
-    /// `scanned = matched + mismatched + rejected + skipped` (+ pending, unsampled),
-    /// and the same on the target side.
-    pub fn accounted(&self) -> bool {
-        self.scanned
-            == self.matched
-                + self.mismatched()
-                + self.pending
-                + self.rejected
-                + self.skipped
-                + self.unsampled
-            && self.target_scanned
-                == self.target_matched
-                    + self.orphans
-                    + self.unconfirmed_orphans
-                    + self.pending_orphans
-    }
-
-    pub fn differences(&self) -> u64 {
-        self.mismatched() + self.orphans + self.unconfirmed_orphans
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Phase {
+enum Pass {
     Forward,
     Recheck,
     Backward,
@@ -179,7 +102,7 @@ struct RunMeta {
     started_at: DateTime<Utc>,
     sample: Option<f64>,
     segments: u32,
-    phase: Phase,
+    phase: Pass,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -215,23 +138,6 @@ pub struct Mismatch {
     /// When the difference was seen (ms since the epoch).
     #[serde(default)]
     pub found_at_ms: i64,
-}
-
-/// What a finished verify leaves for a later `cutover` gate, in the store
-/// (`verify/last`) and as `<state dir>/verify/result.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VerifyResult {
-    pub source_table: String,
-    pub target_table: String,
-    pub plan_fingerprint: String,
-    #[serde(with = "rfc3339")]
-    pub started_at: DateTime<Utc>,
-    #[serde(with = "rfc3339")]
-    pub finished_at: DateTime<Utc>,
-    pub clean: bool,
-    /// Set for a `--sample` run: only that share of the source was checked, forward only.
-    pub sample_percent: Option<f64>,
-    pub counts: Counts,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -371,23 +277,6 @@ fn ms_to_time(ms: i64) -> DateTime<Utc> {
 
 // ---- the tail's status --------------------------------------------------------
 
-/// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
-mod rfc3339 {
-    use chrono::{DateTime, SecondsFormat, Utc};
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
-        let text = String::deserialize(d)?;
-        DateTime::parse_from_rfc3339(&text)
-            .map(|t| t.with_timezone(&Utc))
-            .map_err(serde::de::Error::custom)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum TailWait {
     /// The tail has applied every source write up to the instant asked for.
@@ -419,16 +308,9 @@ pub async fn wait_for_tail(
         if status.as_ref().is_some_and(|s| s.stopped) {
             return TailWait::NoTail;
         }
-        let time = |t: &str| {
-            DateTime::parse_from_rfc3339(t)
-                .ok()
-                .map(|t| t.with_timezone(&Utc))
-        };
-        let applied_through = status
-            .as_ref()
-            .and_then(|s| s.applied_through.as_deref().and_then(time));
+        let applied_through = status.as_ref().and_then(|s| s.applied_through);
         if let Some(s) = &status {
-            let updated = time(&s.updated_at).unwrap_or(DateTime::UNIX_EPOCH);
+            let updated = s.updated_at;
             let age = (Utc::now() - updated).to_std().unwrap_or_default();
             if age > stale_after {
                 return TailWait::Behind(format!(
@@ -545,7 +427,7 @@ impl Ledger {
             .collect()
     }
 
-    fn set_phase(&mut self, meta: &mut RunMeta, phase: Phase) -> anyhow::Result<()> {
+    fn set_phase(&mut self, meta: &mut RunMeta, phase: Pass) -> anyhow::Result<()> {
         meta.phase = phase;
         self.store.put(KEY_RUN, meta)?;
         self.store.flush()?;
@@ -567,7 +449,7 @@ struct Ctx {
     rcu_tgt: Mutex<f64>,
     this_run: AtomicU64,
     waiting: AtomicBool,
-    phase: std::sync::Mutex<Phase>,
+    phase: std::sync::Mutex<Pass>,
     notes: std::sync::Mutex<Vec<String>>,
 }
 
@@ -584,7 +466,7 @@ impl Ctx {
             n.push(text);
         }
     }
-    fn set_phase(&self, p: Phase) {
+    fn set_phase(&self, p: Pass) {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
@@ -707,7 +589,7 @@ pub async fn run(
     // A finished run, --restart, or a different --sample: a new run from scratch.
     let mut meta = store.get::<RunMeta>(KEY_RUN)?;
     let resumed = match &meta {
-        Some(m) if m.phase != Phase::Done && !opts.restart && m.sample == opts.sample => true,
+        Some(m) if m.phase != Pass::Done && !opts.restart && m.sample == opts.sample => true,
         _ => {
             for p in [
                 "verify/fwd/",
@@ -737,7 +619,7 @@ pub async fn run(
                 segments: opts
                     .segments
                     .unwrap_or_else(|| scan::default_segments(source.size_bytes, 4)),
-                phase: Phase::Forward,
+                phase: Pass::Forward,
             };
             store.put(KEY_RUN, &m)?;
             store.flush()?;
@@ -893,43 +775,43 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
     loop {
         ctx.set_phase(meta.phase);
         let next = match meta.phase {
-            Phase::Forward => {
+            Pass::Forward => {
                 forward(ctx, segments).await?;
-                Phase::Recheck
+                Pass::Recheck
             }
-            Phase::Recheck => {
+            Pass::Recheck => {
                 recheck_forward_all(ctx).await?;
                 if ctx.sample.is_some() {
-                    Phase::Done
+                    Pass::Done
                 } else {
-                    Phase::Backward
+                    Pass::Backward
                 }
             }
-            Phase::Backward => {
+            Pass::Backward => {
                 backward(ctx, segments).await?;
                 if ctx.plan.source_key_prefix.is_some() {
-                    Phase::OrphanRecheck
+                    Pass::OrphanRecheck
                 } else {
-                    Phase::OrphanPass
+                    Pass::OrphanPass
                 }
             }
             // Without the prefix the re-check needs the stream watch the pass
             // started, which does not survive a restart: pass and re-check are
             // one phase, redone together.
-            Phase::OrphanPass => {
+            Pass::OrphanPass => {
                 orphan_pass(ctx, segments).await?;
-                Phase::Done
+                Pass::Done
             }
-            Phase::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
+            Pass::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
                 orphan_pass(ctx, segments).await?;
-                Phase::Done
+                Pass::Done
             }
-            Phase::OrphanRecheck => {
+            Pass::OrphanRecheck => {
                 let watcher = Watcher::start(ctx).await?;
                 recheck_orphans_all(ctx, watcher.as_ref()).await?;
-                Phase::Done
+                Pass::Done
             }
-            Phase::Done => return Ok(()),
+            Pass::Done => return Ok(()),
         };
         ctx.ledger.lock().await.set_phase(meta, next)?;
     }

@@ -276,10 +276,10 @@ impl StateStore {
     }
 }
 
-/// Phases a migration goes through, kept in the store for `status` and resumes.
+/// Where a backfill (or an undo) is, kept in its store for resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Phase {
+pub enum BackfillStage {
     Backfilling,
     BackfillDone,
 }

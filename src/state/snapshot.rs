@@ -16,6 +16,7 @@ use std::path::Path;
 use crate::state::StateDir;
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 /// Replace `path` with `value` as JSON, atomically.
@@ -46,15 +47,56 @@ pub fn alive(pid: u32) -> bool {
     pid != 0 && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
 }
 
-pub fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+/// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
+pub mod rfc3339 {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let text = String::deserialize(d)?;
+        DateTime::parse_from_rfc3339(&text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Optional timestamps as RFC 3339 text, `null` when absent.
+pub mod rfc3339_opt {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(text) => DateTime::parse_from_rfc3339(&text)
+                .map(|t| Some(t.with_timezone(&Utc)))
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A time as snapshots write it: `2026-12-02T17:00:00.500Z`.
+pub fn show_time(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// What a backfill publishes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BackfillStatus {
     pub pid: u32,
-    pub updated_at: String,
+    #[serde(with = "rfc3339")]
+    pub updated_at: DateTime<Utc>,
     pub done: bool,
     pub paused: bool,
     /// The source's approximate item count (DescribeTable), for progress.
@@ -77,10 +119,12 @@ pub struct BackfillStatus {
 #[serde(default)]
 pub struct TailStatus {
     pub pid: u32,
-    pub updated_at: String,
+    #[serde(with = "rfc3339")]
+    pub updated_at: DateTime<Utc>,
     /// Every source write made before this instant is applied to the target
     /// (None while the backfill runs and changes are only buffered).
-    pub applied_through: Option<String>,
+    #[serde(with = "rfc3339_opt")]
+    pub applied_through: Option<DateTime<Utc>>,
     /// The largest shard lag: age of the oldest change not yet applied.
     pub lag_seconds: Option<f64>,
     pub backfill_done: bool,
@@ -103,12 +147,37 @@ pub struct TailStatus {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ShardStatus {
     pub shard_id: String,
-    /// waiting (for its parent), open, closed (still being read) or finished.
-    pub state: String,
+    pub state: ShardPhase,
     pub last_sequence: Option<String>,
-    /// Creation time of the last record applied or buffered (RFC 3339).
-    pub last_record_at: Option<String>,
+    /// Creation time of the last record applied or buffered.
+    #[serde(default, with = "rfc3339_opt")]
+    pub last_record_at: Option<DateTime<Utc>>,
     pub lag_seconds: Option<f64>,
+}
+
+/// Where a shard is in the tail's reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardPhase {
+    /// Not read yet: its parent is still open.
+    Waiting,
+    #[default]
+    Open,
+    /// Closed by DynamoDB, still being read.
+    Closed,
+    /// Closed and read to its end.
+    Finished,
+}
+
+impl std::fmt::Display for ShardPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ShardPhase::Waiting => "waiting",
+            ShardPhase::Open => "open",
+            ShardPhase::Closed => "closed",
+            ShardPhase::Finished => "finished",
+        })
+    }
 }
 
 /// A barrier as the tail publishes it.
@@ -118,6 +187,120 @@ pub struct BarrierState {
     pub observed_at: f64,
     /// When every other open shard had been read to its end after that.
     pub complete_at: Option<f64>,
+}
+
+/// Counters committed with each checkpoint.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counts {
+    pub scanned: u64,
+    pub matched: u64,
+    pub missing: u64,
+    pub different: u64,
+    /// Forward candidates the re-check could not settle.
+    pub unconfirmed: u64,
+    /// Forward candidates awaiting their re-check.
+    pub pending: u64,
+    pub rejected: u64,
+    /// Rejects that are collisions: another source item owns the target key.
+    pub collisions: u64,
+    pub skipped: u64,
+    /// Not picked by `--sample`.
+    pub unsampled: u64,
+    /// Candidates (both ways) a re-check showed were transient: counted as matched.
+    pub resolved: u64,
+    pub target_scanned: u64,
+    pub target_matched: u64,
+    pub orphans: u64,
+    pub unconfirmed_orphans: u64,
+    pub pending_orphans: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, o: &Counts) {
+        macro_rules! add {
+            ($($f:ident),*) => {$( self.$f = self.$f.wrapping_add(o.$f); )*};
+        }
+        add!(
+            scanned,
+            matched,
+            missing,
+            different,
+            unconfirmed,
+            pending,
+            rejected,
+            collisions,
+            skipped,
+            unsampled,
+            resolved,
+            target_scanned,
+            target_matched,
+            orphans,
+            unconfirmed_orphans,
+            pending_orphans
+        );
+    }
+
+    /// Source items found wrong in the target (missing, different, or not settled).
+    pub fn mismatched(&self) -> u64 {
+        self.missing + self.different + self.unconfirmed
+    }
+
+    /// `scanned = matched + mismatched + rejected + skipped` (+ pending, unsampled),
+    /// and the same on the target side.
+    pub fn accounted(&self) -> bool {
+        self.scanned
+            == self.matched
+                + self.mismatched()
+                + self.pending
+                + self.rejected
+                + self.skipped
+                + self.unsampled
+            && self.target_scanned
+                == self.target_matched
+                    + self.orphans
+                    + self.unconfirmed_orphans
+                    + self.pending_orphans
+    }
+
+    pub fn differences(&self) -> u64 {
+        self.mismatched() + self.orphans + self.unconfirmed_orphans
+    }
+}
+
+/// What a finished verify leaves for a later `cutover` gate, in the store
+/// (`verify/last`) and as `<state dir>/verify/result.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerifyResult {
+    pub source_table: String,
+    pub target_table: String,
+    pub plan_fingerprint: String,
+    #[serde(with = "rfc3339")]
+    pub started_at: DateTime<Utc>,
+    #[serde(with = "rfc3339")]
+    pub finished_at: DateTime<Utc>,
+    pub clean: bool,
+    /// Set for a `--sample` run: only that share of the source was checked, forward only.
+    pub sample_percent: Option<f64>,
+    pub counts: Counts,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gate {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CutoverRecord {
+    #[serde(with = "rfc3339")]
+    pub at: DateTime<Utc>,
+    pub barrier: String,
+    pub source_table: String,
+    pub target_table: String,
+    pub gates: Vec<Gate>,
+    #[serde(default, with = "rfc3339_opt")]
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// The migration's phase, from what its processes have published.
@@ -138,7 +321,8 @@ pub struct Driver {
     pub component: &'static str,
     pub pid: u32,
     pub running: bool,
-    pub updated_at: String,
+    #[serde(with = "rfc3339")]
+    pub updated_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -148,8 +332,8 @@ pub struct StatusReport {
     pub drivers: Vec<Driver>,
     pub backfill: Option<BackfillStatus>,
     pub tail: Option<TailStatus>,
-    pub verify: Option<serde_json::Value>,
-    pub cutover: Option<serde_json::Value>,
+    pub verify: Option<VerifyResult>,
+    pub cutover: Option<CutoverRecord>,
     pub rejects: Rejects,
 }
 
@@ -176,21 +360,16 @@ pub fn count_lines(path: &Path) -> anyhow::Result<u64> {
     }
 }
 
-/// Whether a verify summary says the run finished clean.
-pub fn verify_clean(v: &serde_json::Value) -> bool {
-    v.get("clean").and_then(|c| c.as_bool()) == Some(true)
-}
-
 /// The phase, from the snapshots (pure).
 pub fn phase(
     backfill: Option<&BackfillStatus>,
     backfill_done: bool,
     tail: Option<&TailStatus>,
-    verify: Option<&serde_json::Value>,
-    cutover: Option<&serde_json::Value>,
+    verify: Option<&VerifyResult>,
+    cutover: Option<&CutoverRecord>,
 ) -> Phase {
     if let Some(c) = cutover {
-        return if c.get("finished_at").is_some_and(|f| !f.is_null()) {
+        return if c.finished_at.is_some() {
             Phase::Finished
         } else {
             Phase::CutOver
@@ -208,7 +387,7 @@ pub fn phase(
         return Phase::CatchingUp;
     }
     match verify {
-        Some(v) if verify_clean(v) => Phase::ReadyForCutover,
+        Some(v) if v.clean => Phase::ReadyForCutover,
         _ => Phase::Verifying,
     }
 }
@@ -216,8 +395,8 @@ pub fn phase(
 pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
     let backfill: Option<BackfillStatus> = read(&state_dir.backfill_snapshot())?;
     let tail: Option<TailStatus> = read(&state_dir.tail_snapshot())?;
-    let verify: Option<serde_json::Value> = read(&state_dir.verify_snapshot())?;
-    let cutover: Option<serde_json::Value> = read(&state_dir.cutover_record())?;
+    let verify: Option<VerifyResult> = read(&state_dir.verify_snapshot())?;
+    let cutover: Option<CutoverRecord> = read(&state_dir.cutover_record())?;
     let backfill_done = state_dir.is_backfill_done();
     let mut drivers = Vec::new();
     if let Some(b) = &backfill {
@@ -225,7 +404,7 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
             component: "backfill",
             pid: b.pid,
             running: !b.done && alive(b.pid),
-            updated_at: b.updated_at.clone(),
+            updated_at: b.updated_at,
         });
     }
     if let Some(t) = &tail {
@@ -233,7 +412,7 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
             component: "tail",
             pid: t.pid,
             running: alive(t.pid),
-            updated_at: t.updated_at.clone(),
+            updated_at: t.updated_at,
         });
     }
     Ok(StatusReport {
@@ -257,118 +436,29 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
     })
 }
 
-/// The report as an operator reads it.
-pub fn render(r: &StatusReport) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(out, "state     {}", r.state_dir);
-    let _ = writeln!(out, "phase     {:?}", r.phase);
-    for d in &r.drivers {
-        let _ = writeln!(
-            out,
-            "driver    {} pid {} {} (last update {})",
-            d.component,
-            d.pid,
-            if d.running { "running" } else { "not running" },
-            d.updated_at
-        );
-    }
-    if let Some(b) = &r.backfill {
-        let pct = if b.expected_items > 0 {
-            format!(
-                " ({:.0}% of ~{})",
-                100.0 * b.scanned as f64 / b.expected_items as f64,
-                b.expected_items
-            )
-        } else {
-            String::new()
-        };
-        let rates = if b.done {
-            String::new()
-        } else {
-            format!(
-                "; {:.0} RCU/s, {:.0} WCU/s (limit {:.0}), throttles {}{}",
-                b.rcu_per_sec,
-                b.wcu_per_sec,
-                b.write_limit,
-                b.throttles,
-                if b.paused { ", PAUSED" } else { "" }
-            )
-        };
-        let _ = writeln!(
-            out,
-            "backfill  {}{pct}: scanned {}, written {}, rejected {}, skipped {}, collisions {}{rates}",
-            if b.done { "done" } else { "running" },
-            b.scanned,
-            b.written,
-            b.rejected,
-            b.skipped,
-            b.collisions,
-        );
-    }
-    match &r.tail {
-        Some(t) => {
-            let _ = writeln!(
-                out,
-                "tail      {} records ({} buffered): {} puts, {} deletes, {} rejected; lag {}; applied through {}",
-                t.records,
-                t.buffered,
-                t.puts,
-                t.deletes,
-                t.rejected,
-                t.lag_seconds
-                    .map_or("unknown".to_string(), |l| format!("{l:.1} s")),
-                t.applied_through.as_deref().unwrap_or("(not applying yet)")
-            );
-            for s in &t.shards {
-                let _ = writeln!(
-                    out,
-                    "          {} {} lag {}",
-                    s.shard_id,
-                    s.state,
-                    s.lag_seconds
-                        .map_or("unknown".to_string(), |l| format!("{l:.1} s"))
-                );
-            }
-        }
-        None => {
-            let _ = writeln!(out, "tail      never ran");
-        }
-    }
-    match &r.verify {
-        Some(v) => {
-            let _ = writeln!(out, "verify    {v}");
-        }
-        None => {
-            let _ = writeln!(out, "verify    never finished");
-        }
-    }
-    let _ = writeln!(
-        out,
-        "rejects   {} from the backfill, {} from the tail",
-        r.rejects.backfill, r.rejects.tail
-    );
-    if let Some(c) = &r.cutover {
-        let _ = writeln!(out, "cutover   {c}");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use TailStatus;
 
     #[test]
     fn the_phase_follows_the_snapshots() {
         let b = BackfillStatus::default();
         let applying = TailStatus {
-            applied_through: Some("2026-12-02T00:00:00Z".into()),
+            applied_through: Some(Utc::now()),
             ..Default::default()
         };
         let buffering = TailStatus::default();
-        let clean = serde_json::json!({"clean": true});
-        let dirty = serde_json::json!({"clean": false});
+        let verify = |clean| VerifyResult {
+            source_table: "a".into(),
+            target_table: "b".into(),
+            plan_fingerprint: "f".into(),
+            started_at: Utc::now(),
+            finished_at: Utc::now(),
+            clean,
+            sample_percent: None,
+            counts: Counts::default(),
+        };
+        let (clean, dirty) = (verify(true), verify(false));
         assert_eq!(phase(None, false, None, None, None), Phase::NotStarted);
         assert_eq!(
             phase(Some(&b), false, Some(&buffering), None, None),
@@ -390,10 +480,20 @@ mod tests {
             phase(Some(&b), true, Some(&applying), Some(&clean), None),
             Phase::ReadyForCutover
         );
-        let cut = serde_json::json!({"at": "x", "finished_at": null});
-        assert_eq!(phase(None, true, None, None, Some(&cut)), Phase::CutOver);
-        let done = serde_json::json!({"at": "x", "finished_at": "y"});
-        assert_eq!(phase(None, true, None, None, Some(&done)), Phase::Finished);
+        let mut record = CutoverRecord {
+            at: Utc::now(),
+            barrier: "x".into(),
+            source_table: "a".into(),
+            target_table: "b".into(),
+            gates: Vec::new(),
+            finished_at: None,
+        };
+        assert_eq!(phase(None, true, None, None, Some(&record)), Phase::CutOver);
+        record.finished_at = Some(Utc::now());
+        assert_eq!(
+            phase(None, true, None, None, Some(&record)),
+            Phase::Finished
+        );
     }
 
     #[test]
@@ -408,5 +508,23 @@ mod tests {
         publish(&p, &b).unwrap();
         assert_eq!(read::<BackfillStatus>(&p).unwrap().unwrap().written, 7);
         assert!(alive(std::process::id()));
+    }
+
+    /// Snapshots written by the previous version (times as text) still read.
+    #[test]
+    fn a_tail_status_of_the_previous_version_reads() {
+        let text = r#"{"pid":1,"updated_at":"2026-12-02T18:40:02.341Z",
+            "applied_through":"2026-12-02T18:40:01.329Z","lag_seconds":0.0,"backfill_done":true,
+            "records":2,"buffered":0,"puts":1,"deletes":1,"rejected":0,"barriers":{},
+            "shards":[{"shard_id":"s","state":"open","last_sequence":"1",
+            "last_record_at":"2026-12-02T18:40:01Z","lag_seconds":0.0}]}"#;
+        let t: TailStatus = serde_json::from_str(text).unwrap();
+        assert_eq!(show_time(&t.updated_at), "2026-12-02T18:40:02.341Z");
+        assert_eq!(t.shards[0].state, ShardPhase::Open);
+        let back = serde_json::to_string(&t).unwrap();
+        assert!(
+            back.contains(r#""applied_through":"2026-12-02T18:40:01.329Z""#),
+            "{back}"
+        );
     }
 }

@@ -1,0 +1,108 @@
+//! `rekey status` as an operator reads it: the snapshots `state::snapshot`
+//! gathers, rendered as lines.
+
+use crate::state::snapshot::{StatusReport, show_time};
+
+/// A snapshot as one line of JSON, keys in order (as `--json` prints them).
+fn sorted_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v).map_or_else(|e| e.to_string(), |v| v.to_string())
+}
+
+/// The report as an operator reads it.
+pub fn render(r: &StatusReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "state     {}", r.state_dir);
+    let _ = writeln!(out, "phase     {:?}", r.phase);
+    for d in &r.drivers {
+        let _ = writeln!(
+            out,
+            "driver    {} pid {} {} (last update {})",
+            d.component,
+            d.pid,
+            if d.running { "running" } else { "not running" },
+            show_time(&d.updated_at)
+        );
+    }
+    if let Some(b) = &r.backfill {
+        let pct = if b.expected_items > 0 {
+            format!(
+                " ({:.0}% of ~{})",
+                100.0 * b.scanned as f64 / b.expected_items as f64,
+                b.expected_items
+            )
+        } else {
+            String::new()
+        };
+        let rates = if b.done {
+            String::new()
+        } else {
+            format!(
+                "; {:.0} RCU/s, {:.0} WCU/s (limit {:.0}), throttles {}{}",
+                b.rcu_per_sec,
+                b.wcu_per_sec,
+                b.write_limit,
+                b.throttles,
+                if b.paused { ", PAUSED" } else { "" }
+            )
+        };
+        let _ = writeln!(
+            out,
+            "backfill  {}{pct}: scanned {}, written {}, rejected {}, skipped {}, collisions {}{rates}",
+            if b.done { "done" } else { "running" },
+            b.scanned,
+            b.written,
+            b.rejected,
+            b.skipped,
+            b.collisions,
+        );
+    }
+    match &r.tail {
+        Some(t) => {
+            let _ = writeln!(
+                out,
+                "tail      {} records ({} buffered): {} puts, {} deletes, {} rejected; lag {}; applied through {}",
+                t.records,
+                t.buffered,
+                t.puts,
+                t.deletes,
+                t.rejected,
+                t.lag_seconds
+                    .map_or("unknown".to_string(), |l| format!("{l:.1} s")),
+                t.applied_through
+                    .as_ref()
+                    .map_or("(not applying yet)".to_string(), show_time)
+            );
+            for s in &t.shards {
+                let _ = writeln!(
+                    out,
+                    "          {} {} lag {}",
+                    s.shard_id,
+                    s.state,
+                    s.lag_seconds
+                        .map_or("unknown".to_string(), |l| format!("{l:.1} s"))
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(out, "tail      never ran");
+        }
+    }
+    match &r.verify {
+        Some(v) => {
+            let _ = writeln!(out, "verify    {}", sorted_json(v));
+        }
+        None => {
+            let _ = writeln!(out, "verify    never finished");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "rejects   {} from the backfill, {} from the tail",
+        r.rejects.backfill, r.rejects.tail
+    );
+    if let Some(c) = &r.cutover {
+        let _ = writeln!(out, "cutover   {}", sorted_json(c));
+    }
+    out
+}
