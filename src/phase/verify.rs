@@ -87,7 +87,7 @@ pub struct VerifyOptions {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Pass {
+enum Step {
     Forward,
     Recheck,
     Backward,
@@ -102,7 +102,7 @@ struct RunMeta {
     started_at: DateTime<Utc>,
     sample: Option<f64>,
     segments: u32,
-    phase: Pass,
+    phase: Step,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -427,7 +427,7 @@ impl Ledger {
             .collect()
     }
 
-    fn set_phase(&mut self, meta: &mut RunMeta, phase: Pass) -> anyhow::Result<()> {
+    fn set_phase(&mut self, meta: &mut RunMeta, phase: Step) -> anyhow::Result<()> {
         meta.phase = phase;
         self.store.put(KEY_RUN, meta)?;
         self.store.flush()?;
@@ -449,7 +449,7 @@ struct Ctx {
     rcu_tgt: Mutex<f64>,
     this_run: AtomicU64,
     waiting: AtomicBool,
-    phase: std::sync::Mutex<Pass>,
+    phase: std::sync::Mutex<Step>,
     notes: std::sync::Mutex<Vec<String>>,
 }
 
@@ -466,7 +466,7 @@ impl Ctx {
             n.push(text);
         }
     }
-    fn set_phase(&self, p: Pass) {
+    fn set_phase(&self, p: Step) {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
@@ -589,7 +589,7 @@ pub async fn run(
     // A finished run, --restart, or a different --sample: a new run from scratch.
     let mut meta = store.get::<RunMeta>(KEY_RUN)?;
     let resumed = match &meta {
-        Some(m) if m.phase != Pass::Done && !opts.restart && m.sample == opts.sample => true,
+        Some(m) if m.phase != Step::Done && !opts.restart && m.sample == opts.sample => true,
         _ => {
             for p in [
                 "verify/fwd/",
@@ -619,7 +619,7 @@ pub async fn run(
                 segments: opts
                     .segments
                     .unwrap_or_else(|| scan::default_segments(source.size_bytes, 4)),
-                phase: Pass::Forward,
+                phase: Step::Forward,
             };
             store.put(KEY_RUN, &m)?;
             store.flush()?;
@@ -775,43 +775,43 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
     loop {
         ctx.set_phase(meta.phase);
         let next = match meta.phase {
-            Pass::Forward => {
+            Step::Forward => {
                 forward(ctx, segments).await?;
-                Pass::Recheck
+                Step::Recheck
             }
-            Pass::Recheck => {
+            Step::Recheck => {
                 recheck_forward_all(ctx).await?;
                 if ctx.sample.is_some() {
-                    Pass::Done
+                    Step::Done
                 } else {
-                    Pass::Backward
+                    Step::Backward
                 }
             }
-            Pass::Backward => {
+            Step::Backward => {
                 backward(ctx, segments).await?;
                 if ctx.plan.source_key_prefix.is_some() {
-                    Pass::OrphanRecheck
+                    Step::OrphanRecheck
                 } else {
-                    Pass::OrphanPass
+                    Step::OrphanPass
                 }
             }
             // Without the prefix the re-check needs the stream watch the pass
             // started, which does not survive a restart: pass and re-check are
             // one phase, redone together.
-            Pass::OrphanPass => {
+            Step::OrphanPass => {
                 orphan_pass(ctx, segments).await?;
-                Pass::Done
+                Step::Done
             }
-            Pass::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
+            Step::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
                 orphan_pass(ctx, segments).await?;
-                Pass::Done
+                Step::Done
             }
-            Pass::OrphanRecheck => {
+            Step::OrphanRecheck => {
                 let watcher = Watcher::start(ctx).await?;
                 recheck_orphans_all(ctx, watcher.as_ref()).await?;
-                Pass::Done
+                Step::Done
             }
-            Pass::Done => return Ok(()),
+            Step::Done => return Ok(()),
         };
         ctx.ledger.lock().await.set_phase(meta, next)?;
     }
