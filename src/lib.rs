@@ -57,7 +57,8 @@
 //!   and the demo, as a child process that dies with rekey.
 //! * [`proxy`] — the throttling and fault proxy tests put in front of the
 //!   local server, which never throttles and charges capacity per request.
-//! * [`demo`] — the skewed demo table and its analysis.
+//! * [`demo`] — `rekey demo`: a skewed table re-keyed under live writes,
+//!   analyze to finish, with a built-in application and a before/after.
 //! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
 //!   commands need, from the list of AWS actions the code calls.
 //! * [`redact`] — key values out of terminal and `--json` output (stable
