@@ -56,7 +56,8 @@
 //!   streaming, from S3 or a local copy.
 //! * [`local`] — starts the local AWS (moto: DynamoDB, Streams, S3) for tests
 //!   and the demo, as a child process that dies with rekey.
-//! * [`demo`] — the skewed demo table and its analysis.
+//! * [`demo`] — `rekey demo`: a skewed table re-keyed under live writes,
+//!   analyze to finish, with a built-in application and a before/after.
 //! * [`iam`] — `rekey iam-policy`: the least-privilege IAM policy a plan's
 //!   commands need, from the list of AWS actions the code calls.
 //! * [`redact`] — key values out of terminal and `--json` output (stable

@@ -376,6 +376,7 @@ macro_rules! no_throttle_reasons {
 no_throttle_reasons!(
     aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
     aws_sdk_dynamodb::operation::create_table::CreateTableError,
+    aws_sdk_dynamodb::operation::update_table::UpdateTableError,
     aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
     aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamError,
     aws_sdk_dynamodbstreams::operation::get_shard_iterator::GetShardIteratorError
@@ -634,6 +635,28 @@ impl Clients {
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
+    }
+
+    /// Turn on a NEW_AND_OLD_IMAGES stream on an existing table: records start
+    /// with the next write, as on a table enabled before a migration.
+    pub async fn enable_stream(&self, table: &str) -> Result<(), AwsError> {
+        use aws_sdk_dynamodb::types::StreamSpecification;
+        let spec = StreamSpecification::builder()
+            .stream_enabled(true)
+            .stream_view_type(StreamViewType::NewAndOldImages)
+            .build()
+            .map_err(|e| AwsError::Schema {
+                table: table.into(),
+                detail: format!("stream specification: {e}"),
+            })?;
+        self.dynamodb
+            .update_table()
+            .table_name(table)
+            .stream_specification(spec)
+            .send()
+            .await
+            .map_err(|e| self.error("UpdateTable", table, e))?;
+        Ok(())
     }
 }
 

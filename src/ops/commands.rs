@@ -360,6 +360,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 },
                 drain_timeout: secs(a.drain_timeout),
                 exit_when_ready: a.exit_when_ready,
+                ready: None,
                 state_dir,
             };
             let clients = connect(&cli.aws, quiet).await?;
@@ -533,19 +534,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let opts = demo::DemoOptions {
                 items: a.items,
                 moto_server: a.moto_server,
-                endpoint_url: cli.aws.endpoint_url.clone(),
+                endpoint_url: cli
+                    .aws
+                    .endpoint_url
+                    .clone()
+                    .or_else(demo::endpoint_from_env),
                 analyze: AnalyzeOptions {
                     // The demo's point is the hot key under application load.
                     app_write_rate: a.report.app_write_rate.or(Some(demo::DEMO_APP_WRITE_RATE)),
                     ..analyze_options(&a.report)
                 },
+                writer_rate: a.writer_rate,
+                show_keys: cli.show_keys,
             };
-            let mut run = demo::run(&opts, &progress).await?;
-            PlanRedactor::new(&run.plan, redactor).analyze(&mut run.report);
-            if a.json {
-                print_json(&run.report)?;
-            } else {
-                println!("Plan ({}):\n", run.plan.path.display());
+            let mut demo = demo::Demo::prepare(&opts, &progress).await?;
+            PlanRedactor::new(&demo.plan, redactor).analyze(&mut demo.report);
+            if !a.json {
+                println!("Plan ({}):\n", demo.plan.path.display());
                 for line in demo::DEMO_PLAN
                     .lines()
                     .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -553,9 +558,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     println!("    {line}");
                 }
                 println!();
-                print!("{}", analyze::render::render(&run.report));
+                print!("{}", analyze::render::short(&demo.report));
+                println!();
             }
-            Ok(exit::OK)
+            let summary = demo.migrate(&progress).await?;
+            if a.json {
+                print_json(&summary)?;
+            } else {
+                print!("{}", demo::render(&summary));
+            }
+            Ok(if summary.completed {
+                exit::OK
+            } else {
+                exit::DIFFERENCES
+            })
         }
         Command::IamPolicy(a) => {
             let plan = Plan::load(&a.plan)?;

@@ -33,8 +33,9 @@
 //!
 //! No index ARN is granted: rekey never reads an index, and DynamoDB
 //! maintains a table's indexes on writes without index permissions.
-//! `dynamodb:CreateTable` is called only by the demo and the tests, against
-//! DynamoDB Local, so it is never granted either.
+//! `dynamodb:CreateTable` (and `dynamodb:UpdateTable`, with which the demo
+//! enables its source table's stream) is called only by the demo and the
+//! tests, against the local server, so it is never granted either.
 
 use std::collections::BTreeSet;
 
@@ -102,7 +103,7 @@ const fn used(
 }
 
 /// Every AWS action rekey's commands call (the demo's and tests' CreateTable
-/// against the local server aside).
+/// and UpdateTable against the local server aside).
 pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:DescribeTable",

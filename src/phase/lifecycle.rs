@@ -10,7 +10,8 @@
 //! kill -9 a rerun skips what is complete (`backfill.done`, a clean verify
 //! newer than the backfill) and resumes what was in flight.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,10 @@ pub struct RunOptions {
     pub verify: VerifyOptions,
     pub drain_timeout: Duration,
     pub exit_when_ready: bool,
+    /// Notified when the migration is ready for cutover and this run goes on
+    /// tailing (not with `exit_when_ready`), for a caller that cuts over and
+    /// finishes in the same process (`rekey demo`).
+    pub ready: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// The analyze gate's verdict, kept so a rerun does not scan again.
@@ -51,6 +56,40 @@ pub struct AnalyzeVerdict {
     pub rejected: u64,
 }
 
+impl AnalyzeVerdict {
+    pub fn of(r: &analyze::Report) -> AnalyzeVerdict {
+        let over =
+            |d: &analyze::Distribution| d.load.iter().map(|l| l.keys_over_limit).max().unwrap_or(0);
+        AnalyzeVerdict {
+            scanned: r.scanned,
+            new_keys_over_limit: over(&r.new),
+            old_keys_over_limit: over(&r.old),
+            collisions: r.collisions.target_keys,
+            rejected: r.rejected,
+        }
+    }
+}
+
+/// The phase between ready-for-cutover and `rekey finish`, in [`RunReport::timings`].
+pub const TAILING: &str = "tailing until finish";
+
+/// How long one phase of this run took.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseTime {
+    pub phase: String,
+    pub seconds: f64,
+}
+
+impl PhaseTime {
+    /// `phase`, from `started` until now.
+    pub fn since(phase: &str, started: Instant) -> PhaseTime {
+        PhaseTime {
+            phase: phase.into(),
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
     pub phase: snapshot::Phase,
@@ -59,6 +98,16 @@ pub struct RunReport {
     pub verify: Option<VerifyResult>,
     /// Why the run stopped before ready-for-cutover (gate not met, differences).
     pub blocked: Option<String>,
+    /// What this run's tail did, when it stopped on its own (after `rekey finish`).
+    pub tail: Option<tail::TailReport>,
+    /// The phases this run went through, in order.
+    pub timings: Vec<PhaseTime>,
+}
+
+impl RunReport {
+    fn timed(&mut self, phase: &str, started: Instant) {
+        self.timings.push(PhaseTime::since(phase, started));
+    }
 }
 
 pub async fn run(
@@ -82,46 +131,13 @@ pub async fn run(
         backfill: None,
         verify: None,
         blocked: None,
+        tail: None,
+        timings: Vec::new(),
     };
 
     // 1. The analyze gate: refuse a design whose new keys would still throttle.
     if let Some((scan, aopts)) = &opts.analyze {
-        let path = opts.state_dir.analyze_verdict();
-        let verdict = match snapshot::read::<AnalyzeVerdict>(&path)? {
-            Some(v) => v,
-            None => {
-                progress.note("analyze: applying the plan to every source item (no writes)");
-                let r = analyze::run(clients, plan, scan, aopts.clone(), None, progress).await?;
-                let over = |d: &analyze::Distribution| {
-                    d.load.iter().map(|l| l.keys_over_limit).max().unwrap_or(0)
-                };
-                let v = AnalyzeVerdict {
-                    scanned: r.scanned,
-                    new_keys_over_limit: over(&r.new),
-                    old_keys_over_limit: over(&r.old),
-                    collisions: r.collisions.target_keys,
-                    rejected: r.rejected,
-                };
-                snapshot::publish(&path, &v)?;
-                v
-            }
-        };
-        report.analyze = Some(verdict.clone());
-        progress.note(&format!(
-            "analyze: {} items; new keys over the per-partition limit: {} (old design: {}); {} collisions, {} rejects",
-            verdict.scanned,
-            verdict.new_keys_over_limit,
-            verdict.old_keys_over_limit,
-            verdict.collisions,
-            verdict.rejected
-        ));
-        if verdict.new_keys_over_limit > 0 && !opts.allow_hot_keys {
-            anyhow::bail!(GateNotMet(format!(
-                "analyze gate: {} new partition key(s) would still exceed the per-partition limit; \
-                 change the plan (more shards), or pass --allow-hot-keys",
-                verdict.new_keys_over_limit
-            )));
-        }
+        analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report).await?;
     }
 
     // 2. Capture: the tail runs for the rest of the command, in this process.
@@ -131,7 +147,7 @@ pub async fn run(
         tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
     };
     let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(t)) => Ok(t),
         Ok(Err(e)) => Err(e.context("the tail stopped")),
         Err(e) => Err(anyhow::anyhow!("the tail task failed: {e}")),
     };
@@ -140,16 +156,26 @@ pub async fn run(
     let result = tokio::select! {
         r = phases(clients, plan, opts, progress, &mut report) => r,
         r = &mut tail_task => match tail_ended(r) {
-            Ok(()) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
+            Ok(_) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
             Err(e) => Err(e),
         },
     };
     let result = match result {
         Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
-            progress.note(
-                "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)",
-            );
-            tail_ended(tail_task.await)
+            match &opts.ready {
+                // The caller cuts over and finishes, in this process.
+                Some(ready) => {
+                    progress.note("ready for cutover; tailing until finish");
+                    ready.notify_one();
+                }
+                None => progress.note(
+                    "ready for cutover; tailing until `rekey finish` (or stop with Ctrl-C and run `rekey tail`)",
+                ),
+            }
+            let started = Instant::now();
+            let tailed = tail_ended(tail_task.await).map(|t| report.tail = Some(t));
+            report.timed(TAILING, started);
+            tailed
         }
         other => {
             tail_task.abort();
@@ -159,6 +185,50 @@ pub async fn run(
     result?;
     report.phase = snapshot::gather(&opts.state_dir)?.phase;
     Ok(report)
+}
+
+/// The analyze gate's verdict (recorded, or from a full dry run), or exit 3
+/// if the new design would still put a key over the per-partition limit.
+async fn analyze_gate(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    (scan, aopts): (&ScanSettings, &AnalyzeOptions),
+    progress: &Progress,
+    report: &mut RunReport,
+) -> anyhow::Result<()> {
+    // A caller that has just analyzed the same source (`rekey demo`) records
+    // its verdict there, so the gate does not scan again.
+    let path = opts.state_dir.analyze_verdict();
+    let verdict = match snapshot::read::<AnalyzeVerdict>(&path)? {
+        Some(v) => v,
+        None => {
+            let started = Instant::now();
+            progress.note("analyze: applying the plan to every source item (no writes)");
+            let r = analyze::run(clients, plan, scan, aopts.clone(), None, progress).await?;
+            let v = AnalyzeVerdict::of(&r);
+            snapshot::publish(&path, &v)?;
+            report.timed("analyze", started);
+            v
+        }
+    };
+    report.analyze = Some(verdict.clone());
+    progress.note(&format!(
+        "analyze: {} items; new keys over the per-partition limit: {} (old design: {}); {} collisions, {} rejects",
+        verdict.scanned,
+        verdict.new_keys_over_limit,
+        verdict.old_keys_over_limit,
+        verdict.collisions,
+        verdict.rejected
+    ));
+    if verdict.new_keys_over_limit > 0 && !opts.allow_hot_keys {
+        anyhow::bail!(GateNotMet(format!(
+            "analyze gate: {} new partition key(s) would still exceed the per-partition limit; \
+             change the plan (more shards), or pass --allow-hot-keys",
+            verdict.new_keys_over_limit
+        )));
+    }
+    Ok(())
 }
 
 /// Verify passes `run` makes while only unconfirmed differences remain.
@@ -194,13 +264,17 @@ async fn phases(
 ) -> anyhow::Result<()> {
     // 3. Backfill (resumes from its checkpoints; skipped once done).
     if !opts.state_dir.is_backfill_done() {
+        let started = Instant::now();
         progress.note("backfill: copying every source item into the target");
         report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress).await?);
+        report.timed("backfill", started);
     }
 
     // 4. Catch-up: the tail has applied its buffer and everything written until now.
+    let started = Instant::now();
     progress.note("catch-up: waiting for the tail to apply every change captured so far");
     drain_or_gate(clients, plan, opts).await?;
+    report.timed("catch-up", started);
 
     // 5. Verify, unless a clean full verify already finished after the backfill.
     // Differences the re-check could not settle because the tail was behind
@@ -211,6 +285,7 @@ async fn phases(
         .as_ref()
         .is_some_and(|v| v.clean && v.sample_percent.is_none());
     let mut verdict = previous;
+    let started = Instant::now();
     if !fresh {
         for attempt in 1..=VERIFY_ATTEMPTS {
             progress.note("verify: comparing every source item with the target, and back");
@@ -228,6 +303,7 @@ async fn phases(
             ));
             drain_or_gate(clients, plan, opts).await?;
         }
+        report.timed("verify", started);
     }
     if let Some(v) = verdict.as_ref().filter(|v| !v.clean) {
         report.blocked = Some(format!(

@@ -10,6 +10,47 @@ const BAR: usize = 28;
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let w = &mut o;
+    counts(w, r);
+    side_by_side(w, &r.old, &r.new, "old", "new");
+    lists(w, &r.old, &r.new, "old", "new");
+    for ix in &r.indexes {
+        let _ = writeln!(w);
+        let _ = writeln!(
+            w,
+            "Index {} ({}): {} items carry the key, {} do not (sparse)",
+            ix.index, ix.distribution.attribute, ix.distribution.items, ix.items_without_key
+        );
+        let d = &ix.distribution;
+        for warning in &ix.warnings {
+            let _ = match warning {
+                super::IndexWarning::LowCardinality { distinct } => writeln!(
+                    w,
+                    "  warning: only {distinct} distinct values — a low-cardinality index key concentrates writes"
+                ),
+                super::IndexWarning::DominantValue { share } => writeln!(
+                    w,
+                    "  warning: `{}` holds {:.0}% of the index",
+                    d.hottest_by_items.first().map_or("", |h| h.key.as_str()),
+                    share * 100.0
+                ),
+            };
+        }
+        distribution(w, d);
+    }
+    o
+}
+
+/// The verdict without the lists and histograms: counts, collisions, and
+/// old vs new key side by side (`rekey demo` shows this before migrating).
+pub fn short(r: &Report) -> String {
+    let mut o = String::new();
+    counts(&mut o, r);
+    side_by_side(&mut o, &r.old, &r.new, "old", "new");
+    o
+}
+
+/// Items scanned, per rule, rejects and collisions.
+fn counts(w: &mut String, r: &Report) {
     let _ = writeln!(w, "rekey analyze: {} → {}", r.source_table, r.target_table);
     let _ = writeln!(w);
     let _ = writeln!(
@@ -86,32 +127,6 @@ pub fn render(r: &Report) -> String {
         }
     }
     let _ = writeln!(w);
-    side_by_side(w, &r.old, &r.new, "old", "new");
-    for ix in &r.indexes {
-        let _ = writeln!(w);
-        let _ = writeln!(
-            w,
-            "Index {} ({}): {} items carry the key, {} do not (sparse)",
-            ix.index, ix.distribution.attribute, ix.distribution.items, ix.items_without_key
-        );
-        let d = &ix.distribution;
-        for warning in &ix.warnings {
-            let _ = match warning {
-                super::IndexWarning::LowCardinality { distinct } => writeln!(
-                    w,
-                    "  warning: only {distinct} distinct values — a low-cardinality index key concentrates writes"
-                ),
-                super::IndexWarning::DominantValue { share } => writeln!(
-                    w,
-                    "  warning: `{}` holds {:.0}% of the index",
-                    d.hottest_by_items.first().map_or("", |h| h.key.as_str()),
-                    share * 100.0
-                ),
-            };
-        }
-        distribution(w, d);
-    }
-    o
 }
 
 fn pct(a: u64, b: u64) -> String {
@@ -168,6 +183,10 @@ fn side_by_side(w: &mut String, old: &Distribution, new: &Distribution, a: &str,
         );
         row(w, "  keys over 1,000 WCU/s", flag(lo), flag(ln));
     }
+}
+
+/// The hottest keys of each design, and the per-key load histograms.
+fn lists(w: &mut String, old: &Distribution, new: &Distribution, a: &str, b: &str) {
     let _ = writeln!(w);
     let _ = writeln!(w, "Hottest keys by items, {a} design");
     hot_list(w, &old.hottest_by_items);
