@@ -176,6 +176,22 @@ pub struct Control {
     pub write: Budget,
     inner: Mutex<ControlState>,
     paused: watch::Sender<bool>,
+    /// Writes past the pause gate and not finished: a pause is acknowledged
+    /// only once none is left.
+    in_flight: std::sync::atomic::AtomicU64,
+}
+
+/// A write past the pause gate; dropping it (when the call is answered)
+/// ends it.
+#[must_use = "hold it until the write is answered"]
+pub struct InFlight<'a>(&'a Control);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 struct ControlState {
@@ -213,7 +229,34 @@ impl Control {
                 stats: ThrottleStats::default(),
             }),
             paused: watch::channel(false).0,
+            in_flight: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Counts a write in flight once the pause gate lets it through. The
+    /// count goes up before the gate is looked at, so a pause that finds no
+    /// write in flight knows that none will start until it is lifted.
+    async fn enter_write(&self) -> InFlight<'_> {
+        use std::sync::atomic::Ordering::SeqCst;
+        loop {
+            self.in_flight.fetch_add(1, SeqCst);
+            let guard = InFlight(self);
+            if !self.is_paused() {
+                return guard;
+            }
+            drop(guard);
+            self.wait_unpaused().await;
+        }
+    }
+
+    /// Writes past the pause gate and not answered yet.
+    pub fn writes_in_flight(&self) -> u64 {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Paused, with no write in flight: what `rekey control --pause` waits for.
+    pub fn is_quiet(&self) -> bool {
+        self.is_paused() && self.writes_in_flight() == 0
     }
 
     async fn wait_unpaused(&self) {
@@ -227,15 +270,18 @@ impl Control {
         self.read.ready().await;
     }
 
-    pub async fn wait_write(&self) {
-        self.wait_unpaused().await;
+    /// Wait for room for a write whose cost is known only after it; hold
+    /// the guard until the write is answered.
+    pub async fn wait_write(&self) -> InFlight<'_> {
         self.write.ready().await;
+        self.enter_write().await
     }
 
-    /// Wait for room for a write of `units` WCU (known from the item sizes).
-    pub async fn acquire_write(&self, units: f64) {
-        self.wait_unpaused().await;
+    /// Wait for room for a write of `units` WCU (known from the item sizes);
+    /// hold the guard until the write is answered.
+    pub async fn acquire_write(&self, units: f64) -> InFlight<'_> {
         self.write.acquire(units).await;
+        self.enter_write().await
     }
 
     pub fn set_paused(&self, paused: bool) {
@@ -483,7 +529,7 @@ mod tests {
         c.set_paused(true);
         let c2 = c.clone();
         let waiter = tokio::spawn(async move {
-            c2.wait_write().await;
+            let _in_flight = c2.wait_write().await;
             Instant::now()
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -494,5 +540,27 @@ mod tests {
         c.set_ceilings(Some(50.0), Some(60.0)).await;
         assert_eq!(c.read.rate().await, Some(50.0));
         assert_eq!(c.write.rate().await, Some(60.0));
+    }
+
+    /// A pause is quiet only once every write that passed the gate before it
+    /// was answered; a write that comes to the gate after it waits, uncounted.
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_is_quiet_once_writes_in_flight_are_answered() {
+        let c = std::sync::Arc::new(Control::new(None, None));
+        let sent = c.acquire_write(1.0).await;
+        c.set_paused(true);
+        assert_eq!(c.writes_in_flight(), 1);
+        assert!(!c.is_quiet(), "a write is still in flight");
+        let c2 = c.clone();
+        let late = tokio::spawn(async move {
+            let _in_flight = c2.acquire_write(1.0).await;
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!late.is_finished(), "held at the gate");
+        drop(sent);
+        assert!(c.is_quiet(), "the late write is not counted while it waits");
+        c.set_paused(false);
+        late.await.unwrap();
+        assert_eq!(c.writes_in_flight(), 0);
     }
 }

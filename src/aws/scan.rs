@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, Select};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
@@ -30,6 +31,8 @@ pub struct ScanOptions {
     /// Items per page (None: DynamoDB's 1 MB pages).
     pub page_limit: Option<i32>,
     pub consistent_read: bool,
+    /// Cancelled: no segment reads another page (pages in flight finish).
+    pub stop: CancellationToken,
 }
 
 /// Where each segment begins: from the start, after a key, or not at all (done).
@@ -88,7 +91,10 @@ where
         tasks.spawn(async move {
             let mut failures = 0;
             loop {
-                control.wait_read().await;
+                tokio::select! {
+                    () = control.wait_read() => {}
+                    () = opts.stop.cancelled() => return anyhow::Ok(()),
+                }
                 let out = clients
                     .dynamodb
                     .scan()

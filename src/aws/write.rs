@@ -63,7 +63,7 @@ pub async fn write_batch(
     while !pending.is_empty() {
         // The cost is known before the call: take it up front, correct it after.
         let estimate = units * pending.len() as f64 / items.len().max(1) as f64;
-        control.acquire_write(estimate).await;
+        let _in_flight = control.acquire_write(estimate).await;
         let res = clients
             .dynamodb
             .batch_write_item()
@@ -133,7 +133,7 @@ async fn isolate(
         let mut attempt = 0;
         let mut failures = 0;
         loop {
-            control.wait_write().await;
+            let _in_flight = control.wait_write().await;
             let res = clients
                 .dynamodb
                 .put_item()

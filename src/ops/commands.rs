@@ -2,6 +2,8 @@
 //! its result — as text, or as JSON with `--json`. Notes about how the AWS
 //! endpoints were chosen are printed here, once, on stderr.
 
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::Clients;
 use crate::core::plan::Plan;
 use crate::ops::cli::{AwsArgs, Cli, Command, InputError, PolicyCommandArg, ReportArgs, exit};
@@ -12,7 +14,7 @@ use crate::phase::backfill::{self, BackfillOptions};
 use crate::phase::tail::{self, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
 use crate::state::StateDir;
-use crate::state::control::ControlFile;
+use crate::state::control::{self, ControlFile, PauseAck};
 use crate::state::rejects::RejectsFile;
 use crate::{
     ops::demo, ops::iam, phase::barrier, phase::check, phase::cutover, phase::lifecycle,
@@ -65,6 +67,7 @@ fn backfill_options(
     c: &crate::ops::cli::CopyArgs,
     state_dir: StateDir,
     undo: bool,
+    stop: CancellationToken,
 ) -> BackfillOptions {
     BackfillOptions {
         rejects: c.rejects.clone().unwrap_or_else(|| {
@@ -85,6 +88,7 @@ fn backfill_options(
         from_export: c.from_export.clone(),
         export_files_in_parallel: c.export_parallel,
         undo,
+        stop,
     }
 }
 
@@ -93,6 +97,7 @@ fn tail_options(
     rejects: Option<std::path::PathBuf>,
     exit_when_idle: Option<std::time::Duration>,
     write_rate: Option<f64>,
+    stop: &CancellationToken,
 ) -> TailOptions {
     TailOptions {
         rejects: rejects.unwrap_or_else(|| state_dir.tail_rejects()),
@@ -100,6 +105,7 @@ fn tail_options(
         exit_when_idle,
         write_rate,
         poll_interval: std::time::Duration::from_millis(250),
+        stop: stop.clone(),
     }
 }
 
@@ -120,7 +126,9 @@ fn secs(s: f64) -> std::time::Duration {
 }
 
 /// Run one command; the result is the process exit code.
-pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+/// `stop` is cancelled on Ctrl-C or SIGTERM: the long-running commands
+/// finish the work in flight, checkpoint, and return `Stopped`.
+pub async fn run(cli: Cli, stop: CancellationToken) -> anyhow::Result<i32> {
     let quiet = cli.quiet;
     let redactor = Redactor {
         show: cli.show_keys,
@@ -180,7 +188,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Backfill(a) | Command::Undo(a) => {
             let plan = Plan::load(&a.plan)?;
             let state_dir = state_dir_of(&a.plan, &a.state);
-            let opts = backfill_options(&a.copy, state_dir, undo);
+            let opts = backfill_options(&a.copy, state_dir, undo, stop.clone());
             let clients = connect(&cli.aws, quiet).await?;
             let progress = progress::new(stream_mode(quiet, a.json));
             let report = backfill::run(&clients, &plan, &opts, &progress).await?;
@@ -229,6 +237,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 a.rejects.clone(),
                 a.exit_when_idle.map(secs),
                 a.write_rate,
+                &stop,
             );
             let clients = connect(&cli.aws, quiet).await?;
             let progress = progress::new(stream_mode(quiet, a.json));
@@ -276,6 +285,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                 repair: a.repair,
                 sample: a.sample,
                 max_retries: 10,
+                stop: stop.clone(),
             };
             let clients = connect(&cli.aws, quiet).await?;
             let progress = progress::new(stream_mode(quiet, a.json));
@@ -342,8 +352,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             let opts = lifecycle::RunOptions {
                 analyze,
                 allow_hot_keys: a.allow_hot_keys,
-                backfill: backfill_options(&a.copy, state_dir.clone(), false),
-                tail: tail_options(&state_dir, None, None, None),
+                backfill: backfill_options(&a.copy, state_dir.clone(), false, stop.clone()),
+                tail: tail_options(&state_dir, None, None, None, &stop),
                 verify: VerifyOptions {
                     state_dir: state_dir.clone(),
                     segments: a.copy.scan.segments,
@@ -357,10 +367,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     repair: false,
                     sample: None,
                     max_retries: 10,
+                    stop: stop.clone(),
                 },
                 drain_timeout: secs(a.drain_timeout),
                 exit_when_ready: a.exit_when_ready,
                 ready: None,
+                stop: stop.clone(),
                 state_dir,
             };
             let clients = connect(&cli.aws, quiet).await?;
@@ -517,7 +529,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
             if a.write_rate.is_some() {
                 file.write_rate = a.write_rate;
             }
+            let asked_at = chrono::Utc::now();
             file.write(&dir)?;
+            // A pause has taken effect when the backfill says so: paused,
+            // with no write in flight.
+            let ack = match a.pause {
+                true => Some(
+                    control::wait_for_pause(&dir, asked_at, std::time::Duration::from_secs(60))
+                        .await?,
+                ),
+                false => None,
+            };
             if a.json {
                 print_json(&file)?;
             } else {
@@ -526,6 +548,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
                     ControlFile::path(&dir).display(),
                     serde_json::to_string(&file)?
                 );
+                match &ack {
+                    Some(PauseAck::Quiet { pid }) => {
+                        println!("paused: the backfill (pid {pid}) has no write in flight")
+                    }
+                    Some(PauseAck::NoBackfill) => {
+                        println!("no backfill is running; one started now starts paused")
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(PauseAck::TimedOut { pid }) = ack {
+                anyhow::bail!(crate::phase::error::GateNotMet(format!(
+                    "the backfill (pid {pid}) did not report the pause within 60 s (writes still in flight?)"
+                )));
             }
             Ok(exit::OK)
         }

@@ -539,6 +539,8 @@ async fn load(
 /// tailing until `finish`.
 fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOptions {
     let state_dir = state_dir.clone();
+    // The demo's state is a temporary directory: Ctrl-C ends it outright.
+    let stop = tokio_util::sync::CancellationToken::new();
     RunOptions {
         analyze: Some((scan_settings(), AnalyzeOptions::default())),
         allow_hot_keys: false,
@@ -555,6 +557,7 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             from_export: None,
             export_files_in_parallel: 1,
             undo: false,
+            stop: stop.clone(),
         },
         tail: TailOptions {
             rejects: state_dir.tail_rejects(),
@@ -562,6 +565,7 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             exit_when_idle: None,
             write_rate: None,
             poll_interval: Duration::from_millis(250),
+            stop: stop.clone(),
         },
         verify: VerifyOptions {
             state_dir: state_dir.clone(),
@@ -576,10 +580,12 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             repair: false,
             sample: None,
             max_retries: 10,
+            stop: stop.clone(),
         },
         drain_timeout: WAIT,
         exit_when_ready: false,
         ready: Some(ready),
+        stop,
         state_dir,
     }
 }
@@ -888,6 +894,7 @@ async fn scan_all(
         segments: SEGMENTS,
         page_limit: None,
         consistent_read: true,
+        stop: tokio_util::sync::CancellationToken::new(),
     };
     let (sink, shown) = (items.clone(), progress.clone());
     scan::scan(

@@ -31,6 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::state::StateDir;
 use crate::state::claims::Claims;
 use anyhow::Context as _;
@@ -47,7 +49,7 @@ use crate::aws::write::{BATCH, write_batch};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
-use crate::phase::error::InputError;
+use crate::phase::error::{InputError, Stopped};
 use crate::phase::inplace::{self, Applied, Direction};
 use crate::phase::progress::Progress;
 use crate::state::control::ControlFile;
@@ -75,6 +77,9 @@ pub struct BackfillOptions {
     pub from_export: Option<String>,
     /// Export data files read at once.
     pub export_files_in_parallel: usize,
+    /// Cancelled (Ctrl-C, SIGTERM): finish the pages in flight, checkpoint
+    /// them, publish a stopped status and return `Stopped`.
+    pub stop: CancellationToken,
     /// In place only: remove what the plan added instead (`rekey undo`), with
     /// checkpoints of its own.
     pub undo: bool,
@@ -403,6 +408,7 @@ pub async fn run(
                         "rejected": rejected,
                         "throttles": stats,
                         "paused": paused,
+                        "writes_in_flight": control.writes_in_flight(),
                     }),
                 );
                 last_wcu = wcu;
@@ -427,7 +433,9 @@ pub async fn run(
                         pid: std::process::id(),
                         updated_at: chrono::Utc::now(),
                         done: false,
+                        stopped: false,
                         paused,
+                        writes_in_flight: control.writes_in_flight(),
                         expected_items,
                         scanned: counts.scanned,
                         written: counts.written,
@@ -454,6 +462,7 @@ pub async fn run(
         live: live_items.clone(),
         consumed_rcu: consumed_rcu.clone(),
         direction: opts.undo.then_some(Direction::Undo),
+        stop: opts.stop.clone(),
     };
     let (result, segments) = match &opts.from_export {
         None => {
@@ -466,6 +475,27 @@ pub async fn run(
     let _ = ticker.await;
     progress.finish();
     result?;
+    if opts.stop.is_cancelled() {
+        let l = ledger.lock().await;
+        l.store.flush()?;
+        let t = l.totals;
+        crate::state::snapshot::publish(
+            &opts.state_dir.backfill_snapshot(),
+            &crate::state::snapshot::BackfillStatus {
+                pid: std::process::id(),
+                updated_at: chrono::Utc::now(),
+                stopped: true,
+                expected_items: source.item_count,
+                scanned: t.scanned,
+                written: t.written,
+                rejected: t.rejected,
+                skipped: t.skipped,
+                collisions: t.collisions,
+                ..Default::default()
+            },
+        )?;
+        return Err(Stopped.into());
+    }
 
     let mut ledger = ledger.lock().await;
     ledger
@@ -521,6 +551,7 @@ struct Drive<'a> {
     consumed_rcu: Arc<Mutex<f64>>,
     /// `Some(Undo)` for `rekey undo`; in-place plans otherwise go forward.
     direction: Option<Direction>,
+    stop: CancellationToken,
 }
 
 /// How far one export data file is done.
@@ -564,6 +595,7 @@ impl Drive<'_> {
             segments,
             page_limit,
             consistent_read: false,
+            stop: self.stop.clone(),
         };
         let (writer, ledger, plan, consumed_rcu, live) = (
             self.writer.clone(),
@@ -631,7 +663,12 @@ impl Drive<'_> {
         stream::iter(files)
             .map(|file| {
                 let reader = reader.clone();
-                async move { self.export_file(&reader, &file).await }
+                async move {
+                    if self.stop.is_cancelled() {
+                        return Ok(());
+                    }
+                    self.export_file(&reader, &file).await
+                }
             })
             .buffer_unordered(parallel.max(1))
             .collect::<Vec<anyhow::Result<()>>>()
@@ -681,6 +718,10 @@ impl Drive<'_> {
                         &rejects,
                     )?;
                     page.clear();
+                    if self.stop.is_cancelled() {
+                        // Checkpointed: the rest of the file is read on resume.
+                        return anyhow::Ok(());
+                    }
                 }
                 if at_end {
                     return anyhow::Ok(());
@@ -689,6 +730,10 @@ impl Drive<'_> {
         };
         let (read, consumed) = tokio::join!(reading, consuming);
         consumed?;
+        if self.stop.is_cancelled() {
+            // The reader saw its receiver go: not an error, the file is not done.
+            return Ok(());
+        }
         read?;
         let l = self.ledger.lock().await;
         l.store.put(&key, &FileState::Done)?;

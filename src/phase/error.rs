@@ -11,3 +11,10 @@ pub struct InputError(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct GateNotMet(pub String);
+
+/// Stopped by the operator (Ctrl-C, SIGTERM) after the work in flight was
+/// finished and checkpointed: a rerun resumes. The operator surface exits
+/// 130 or 143 for it.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped; the work in flight was checkpointed, run the same command again to resume")]
+pub struct Stopped;

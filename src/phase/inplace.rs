@@ -368,7 +368,7 @@ where
     let mut attempt = 0;
     let mut failures = 0;
     loop {
-        control.acquire_write(1.0).await;
+        let _in_flight = control.acquire_write(1.0).await;
         match call().await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_throttle() => {
@@ -638,6 +638,7 @@ pub mod verify {
                 .unwrap_or_else(|| scan::default_segments(table.size_bytes, 4)),
             page_limit: opts.page_limit,
             consistent_read: false,
+            stop: tokio_util::sync::CancellationToken::new(),
         };
         {
             let (plan, candidates, counts, progress) = (

@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::Clients;
 use crate::core::plan::Plan;
 use crate::phase::analyze::{self, AnalyzeOptions, ScanSettings};
 use crate::phase::backfill::{self, BackfillOptions};
 use crate::phase::barrier::{self, DrainOptions};
-use crate::phase::error::GateNotMet;
+use crate::phase::error::{GateNotMet, Stopped};
 use crate::phase::progress::Progress;
 use crate::phase::tail::{self, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
@@ -40,6 +42,10 @@ pub struct RunOptions {
     pub verify: VerifyOptions,
     pub drain_timeout: Duration,
     pub exit_when_ready: bool,
+    /// Cancelled (Ctrl-C, SIGTERM): the phase in progress stops after its
+    /// work in flight, the tail publishes a stopped status, and `run`
+    /// returns `Stopped`; a rerun resumes. Passed to every phase.
+    pub stop: CancellationToken,
     /// Notified when the migration is ready for cutover and this run goes on
     /// tailing (not with `exit_when_ready`), for a caller that cuts over and
     /// finishes in the same process (`rekey demo`).
@@ -137,8 +143,31 @@ pub async fn run(
 
     // 1. The analyze gate: refuse a design whose new keys would still throttle.
     if let Some((scan, aopts)) = &opts.analyze {
-        analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report).await?;
+        // A dry run writes nothing: a stop may cut it short.
+        tokio::select! {
+            r = analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report) => r?,
+            () = opts.stop.cancelled() => return Err(Stopped.into()),
+        }
     }
+
+    // Every phase stops through the run's token; the tail through a child of
+    // it, so that `run` can also stop the tail alone when it gives up.
+    let tail_stop = opts.stop.child_token();
+    let opts = &RunOptions {
+        backfill: BackfillOptions {
+            stop: opts.stop.clone(),
+            ..opts.backfill.clone()
+        },
+        verify: VerifyOptions {
+            stop: opts.stop.clone(),
+            ..opts.verify.clone()
+        },
+        tail: TailOptions {
+            stop: tail_stop.clone(),
+            ..opts.tail.clone()
+        },
+        ..opts.clone()
+    };
 
     // 2. Capture: the tail runs for the rest of the command, in this process.
     let mut tail_task = {
@@ -178,7 +207,9 @@ pub async fn run(
             tailed
         }
         other => {
-            tail_task.abort();
+            // Stop the tail cleanly: it publishes that it stopped.
+            tail_stop.cancel();
+            let _ = tail_task.await;
             other
         }
     };
@@ -236,15 +267,15 @@ const VERIFY_ATTEMPTS: usize = 3;
 
 /// A drain barrier, or exit 3 if the tail does not report it in time.
 async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> anyhow::Result<()> {
-    let drain = barrier::drain(
-        clients,
-        plan,
-        &DrainOptions {
-            state_dir: opts.state_dir.clone(),
-            timeout: opts.drain_timeout,
-        },
-    )
-    .await?;
+    let drain_opts = DrainOptions {
+        state_dir: opts.state_dir.clone(),
+        timeout: opts.drain_timeout,
+    };
+    // Waiting for a barrier holds nothing: a stop may cut it short.
+    let drain = tokio::select! {
+        d = barrier::drain(clients, plan, &drain_opts) => d?,
+        () = opts.stop.cancelled() => return Err(Stopped.into()),
+    };
     if !drain.complete {
         anyhow::bail!(GateNotMet(format!(
             "catch-up: the tail did not apply drain barrier {} within {:.0} s",

@@ -30,6 +30,8 @@ use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
 use crate::aws::streams::{
@@ -41,6 +43,7 @@ use crate::core::marker::marker_id;
 use crate::core::plan::{Mode, Plan, TtlDeletes};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
+use crate::phase::error::Stopped;
 use crate::phase::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
 use crate::phase::progress::Progress;
 use crate::state::StateDir;
@@ -58,6 +61,9 @@ pub struct TailOptions {
     pub exit_when_idle: Option<Duration>,
     pub write_rate: Option<f64>,
     pub poll_interval: Duration,
+    /// Cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping): finish the read
+    /// in hand, checkpoint it, publish a stopped status and return `Stopped`.
+    pub stop: CancellationToken,
 }
 
 /// One stream record as the tail keeps it (buffered or about to apply).
@@ -297,6 +303,9 @@ pub async fn run(
             // `rekey finish` drained the tail before it wrote this.
             break;
         }
+        if opts.stop.is_cancelled() {
+            break;
+        }
         let backfill_done = opts.state_dir.is_backfill_done();
         if backfill_done && !t.drained()? {
             t.drain_buffer().await?;
@@ -404,7 +413,10 @@ pub async fn run(
             {
                 break;
             }
-            tokio::time::sleep(opts.poll_interval).await;
+            tokio::select! {
+                () = tokio::time::sleep(opts.poll_interval) => {}
+                () = opts.stop.cancelled() => {}
+            }
         }
     }
     progress.finish();
@@ -414,6 +426,9 @@ pub async fn run(
         last.stopped = true;
         last.updated_at = time(now_secs());
         snapshot::publish(&path, &last)?;
+    }
+    if opts.stop.is_cancelled() && !opts.state_dir.is_finished() {
+        return Err(Stopped.into());
     }
     Ok(t.report)
 }
@@ -741,7 +756,7 @@ where
     let mut attempt = 0;
     let mut failures = 0;
     loop {
-        control.acquire_write(1.0).await;
+        let _in_flight = control.acquire_write(1.0).await;
         match call(clients).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_throttle() => {

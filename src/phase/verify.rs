@@ -42,6 +42,8 @@ use md5::{Digest as _, Md5};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::Clients;
 use crate::aws::rate::{Control, Rate};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
@@ -49,7 +51,7 @@ use crate::aws::write::write_batch;
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
-use crate::phase::error::InputError;
+use crate::phase::error::{InputError, Stopped};
 use crate::phase::progress::Progress;
 use crate::phase::watch::Touch;
 use crate::state::StateDir;
@@ -83,6 +85,9 @@ pub struct VerifyOptions {
     /// Percent of source items to verify (forward only); None: all, both ways.
     pub sample: Option<f64>,
     pub max_retries: u32,
+    /// Cancelled (Ctrl-C, SIGTERM, `rekey run` stopping): checkpoint and
+    /// return `Stopped`; a rerun resumes.
+    pub stop: CancellationToken,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -770,59 +775,84 @@ fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, log: PathBuf) -> tokio::task:
     })
 }
 
+/// The steps from where the last run stopped. A stop (`opts.stop`) ends a
+/// scan pass after its pages in flight, and a re-check between rounds or
+/// while it waits; either way everything settled so far is checkpointed, and
+/// a rerun goes on from the step it was in.
 async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
-    let segments = meta.segments;
+    let stop = ctx.opts.stop.clone();
     loop {
         ctx.set_phase(meta.phase);
-        let next = match meta.phase {
-            Step::Forward => {
-                forward(ctx, segments).await?;
-                Step::Recheck
-            }
-            Step::Recheck => {
-                recheck_forward_all(ctx).await?;
-                if ctx.sample.is_some() {
-                    Step::Done
-                } else {
-                    Step::Backward
-                }
-            }
-            Step::Backward => {
-                backward(ctx, segments).await?;
-                if ctx.plan.source_key_prefix.is_some() {
-                    Step::OrphanRecheck
-                } else {
-                    Step::OrphanPass
-                }
-            }
-            // Without the prefix the re-check needs the stream watch the pass
-            // started, which does not survive a restart: pass and re-check are
-            // one phase, redone together.
-            Step::OrphanPass => {
-                orphan_pass(ctx, segments).await?;
-                Step::Done
-            }
-            Step::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
-                orphan_pass(ctx, segments).await?;
-                Step::Done
-            }
-            Step::OrphanRecheck => {
-                let watcher = Watcher::start(ctx).await?;
-                recheck_orphans_all(ctx, watcher.as_ref()).await?;
-                Step::Done
-            }
-            Step::Done => return Ok(()),
+        let next = tokio::select! {
+            next = step(ctx, meta) => next?,
+            () = stop.cancelled(), if !is_scan_pass(meta.phase) => return Err(Stopped.into()),
         };
+        if stop.is_cancelled() {
+            return Err(Stopped.into());
+        }
+        if next == Step::Done && meta.phase == Step::Done {
+            return Ok(());
+        }
         ctx.ledger.lock().await.set_phase(meta, next)?;
     }
 }
 
-fn scan_opts(table: &str, segments: u32, page_limit: Option<i32>) -> ScanOptions {
+/// Scan passes stop on their own, after the pages in flight.
+fn is_scan_pass(s: Step) -> bool {
+    matches!(s, Step::Forward | Step::Backward | Step::OrphanPass)
+}
+
+/// One step; the step after it.
+async fn step(ctx: &Arc<Ctx>, meta: &RunMeta) -> anyhow::Result<Step> {
+    let segments = meta.segments;
+    Ok(match meta.phase {
+        Step::Forward => {
+            forward(ctx, segments).await?;
+            Step::Recheck
+        }
+        Step::Recheck => {
+            recheck_forward_all(ctx).await?;
+            if ctx.sample.is_some() {
+                Step::Done
+            } else {
+                Step::Backward
+            }
+        }
+        Step::Backward => {
+            backward(ctx, segments).await?;
+            if ctx.plan.source_key_prefix.is_some() {
+                Step::OrphanRecheck
+            } else {
+                Step::OrphanPass
+            }
+        }
+        // Without the prefix the re-check needs the stream watch the pass
+        // started, which does not survive a restart: pass and re-check are
+        // one phase, redone together.
+        Step::OrphanPass => {
+            orphan_pass(ctx, segments).await?;
+            Step::Done
+        }
+        Step::OrphanRecheck if ctx.plan.source_key_prefix.is_none() => {
+            orphan_pass(ctx, segments).await?;
+            Step::Done
+        }
+        Step::OrphanRecheck => {
+            let watcher = Watcher::start(ctx).await?;
+            recheck_orphans_all(ctx, watcher.as_ref()).await?;
+            Step::Done
+        }
+        Step::Done => Step::Done,
+    })
+}
+
+fn scan_opts(ctx: &Ctx, table: &str, segments: u32) -> ScanOptions {
     ScanOptions {
         table: table.to_string(),
         segments,
-        page_limit,
+        page_limit: ctx.opts.page_limit,
         consistent_read: false,
+        stop: ctx.opts.stop.clone(),
     }
 }
 
@@ -856,7 +886,7 @@ where
     let c = ctx.clone();
     scan::scan(
         &ctx.clients,
-        &scan_opts(table, segments, ctx.opts.page_limit),
+        &scan_opts(ctx, table, segments),
         starts,
         control,
         move |page: Page| on_page(c.clone(), page),
@@ -1813,7 +1843,7 @@ async fn repair_chunk(
     for m in orphans {
         let Some(key) = &m.target_key else { continue };
         loop {
-            ctx.tgt.wait_write().await;
+            let _in_flight = ctx.tgt.wait_write().await;
             match crate::aws::item::delete_item(&ctx.clients, &ctx.plan.target_table, key).await {
                 Ok(()) => {
                     report.deleted += 1;

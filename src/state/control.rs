@@ -14,6 +14,8 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use crate::aws::rate::Control;
+use crate::state::StateDir;
+use crate::state::snapshot::{self, BackfillStatus};
 
 pub const FILE: &str = "control.json";
 
@@ -88,6 +90,43 @@ impl Watcher {
         control.set_paused(file.paused);
         control.set_ceilings(file.read_rate, file.write_rate).await;
         self.applied = Some(file);
+    }
+}
+
+/// What `rekey control --pause` found after asking for a pause.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PauseAck {
+    /// The running backfill (this pid) published that it is paused with no
+    /// write in flight.
+    Quiet { pid: u32 },
+    /// No backfill runs: one started now starts paused.
+    NoBackfill,
+    /// The backfill did not say so in time (it still has writes in flight,
+    /// or is not publishing).
+    TimedOut { pid: u32 },
+}
+
+/// Waits until the backfill running in `dir` has taken a pause asked for at
+/// `asked_at`: its snapshot, published after that, says paused with no write
+/// in flight. Tests and operators wait on this, never on a sleep.
+pub async fn wait_for_pause(
+    dir: &StateDir,
+    asked_at: chrono::DateTime<chrono::Utc>,
+    timeout: std::time::Duration,
+) -> anyhow::Result<PauseAck> {
+    let started = std::time::Instant::now();
+    loop {
+        let status: Option<BackfillStatus> = snapshot::read(&dir.backfill_snapshot())?;
+        let Some(s) = status.filter(|s| !s.done && !s.stopped && snapshot::alive(s.pid)) else {
+            return Ok(PauseAck::NoBackfill);
+        };
+        if s.updated_at > asked_at && s.paused && s.writes_in_flight == 0 {
+            return Ok(PauseAck::Quiet { pid: s.pid });
+        }
+        if started.elapsed() >= timeout {
+            return Ok(PauseAck::TimedOut { pid: s.pid });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 

@@ -98,7 +98,14 @@ pub struct BackfillStatus {
     #[serde(with = "rfc3339")]
     pub updated_at: DateTime<Utc>,
     pub done: bool,
+    /// Paused (`rekey control --pause`) as the backfill sees it.
     pub paused: bool,
+    /// Writes sent and not yet answered: a pause has taken effect once it is 0.
+    #[serde(default)]
+    pub writes_in_flight: u64,
+    /// Stopped by a signal after checkpointing the pages in flight; a rerun resumes.
+    #[serde(default)]
+    pub stopped: bool,
     /// The source's approximate item count (DescribeTable), for progress.
     pub expected_items: u64,
     pub scanned: u64,

@@ -641,6 +641,7 @@ pub async fn run(
         segments,
         page_limit: scan_settings.page_limit,
         consistent_read: false,
+        stop: tokio_util::sync::CancellationToken::new(),
     };
     progress.start("analyze", Some(info.item_count));
     let (tx, mut rx) = mpsc::channel::<Page>(segments as usize * 2);
