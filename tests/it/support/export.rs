@@ -1,63 +1,24 @@
-//! Helpers shared by the export tests: a moto server per test binary, an S3
-//! client for it, uploads, sample items and draining `read_file`.
-#![allow(dead_code)]
+//! DynamoDB exports for the export and backfill tests: buckets on the
+//! shared local server, uploads, sample items of every type, draining
+//! `read_file`, and edits of an export written by `rekey_testkit::export`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
-use aws_sdk_s3::Client;
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
 use rekey::aws::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client};
 use rekey::aws::{Endpoint, Service, Source};
 use rekey::core::value::{Item, Value};
-use rekey::local::{LocalOptions, LocalServer};
-use tokio::sync::{OnceCell, mpsc};
+use tokio::sync::mpsc;
 
 pub const TABLE_ARN: &str = "arn:aws:dynamodb:us-east-1:123456789012:table/Orders";
 
-/// One moto for the whole test binary (it starts in about a second; every
-/// test uses its own bucket). Never dropped: it dies with the process
-/// (PR_SET_PDEATHSIG). The test fails if it cannot start.
-static MOTO: OnceCell<LocalServer> = OnceCell::const_new();
-
-pub async fn moto() -> &'static LocalServer {
-    MOTO.get_or_init(|| async {
-        let started = std::time::Instant::now();
-        let moto = LocalServer::start(&LocalOptions::default())
-            .await
-            .expect("moto_server must start");
-        eprintln!(
-            "moto_server at {} ready in {:?}",
-            moto.endpoint(),
-            started.elapsed()
-        );
-        moto
-    })
-    .await
-}
-
-/// A client for a local server: fixed credentials and region, path-style.
-pub async fn client_for(endpoint: &str) -> Client {
-    let sdk_config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(aws_config::Region::new("us-east-1"))
-        .credentials_provider(aws_sdk_s3::config::Credentials::new(
-            "test", "test", None, None, "tests",
-        ))
-        .load()
-        .await;
-    let s3_config = aws_sdk_s3::config::Builder::from(&sdk_config)
-        .force_path_style(true)
-        .build();
-    Client::from_conf(s3_config)
-}
-
-/// A client for the shared moto (as rekey's export reader takes it), and a
-/// new bucket on it.
+/// A client for the shared local server (as rekey's export reader takes it),
+/// and a new bucket on it.
 pub async fn bucket(name: &str) -> S3Client {
-    let url = moto().await.endpoint();
-    let client = client_for(url).await;
+    let url = super::shared_server().await.endpoint();
+    let client = super::client::s3(url).await;
     client
         .create_bucket()
         .bucket(name)

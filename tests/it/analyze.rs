@@ -2,46 +2,21 @@
 //! unmatched items and hottest key are known by construction, and whose new
 //! key distribution is checked against an in-memory oracle.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 
-use rekey::core::plan::{KeyAttr, KeySchema, Plan};
+use rekey::core::plan::{KeyAttr, KeySchema};
 use rekey::core::transform::{Outcome, transform};
 use rekey::core::value::{Item, ScalarType};
 use rekey::ops::redact::{PlanRedactor, Redactor};
 use serde_json::Value as Json;
-use support::*;
 
-fn plan_text(source: &str, target: &str) -> String {
-    format!(
-        r#"
-[source]
-table = "{source}"
-partition_key = "PK"
-sort_key = "SK"
+use crate::support::plan::tenant_days;
+use crate::support::workload::{colliding, unmatched};
+use crate::support::*;
 
-[target]
-table = "{target}"
-partition_key = "PK"
-sort_key = "SK"
-
-[[target.index]]
-name = "GSI1"
-partition_key = "GSI1PK"
-
-[[rule]]
-name = "order"
-match = {{ PK = "T#{{t}}#D#{{d}}", SK = "O#{{id}}" }}
-key = {{ PK = "T#{{t}}#D#{{d}}#S#{{shard(id, 8)}}", SK = "O#{{id}}" }}
-set = {{ GSI1PK = "STATUS#{{@status}}" }}
-
-[[rule]]
-name = "collide"
-match = {{ PK = "C#{{x}}", SK = "{{y}}" }}
-key = {{ PK = "C", SK = "SAME#{{x}}" }}
-"#
-    )
+/// Orders sharded per tenant-day with a status index, and collisions.
+fn orders_plan(source: &str, target: &str) -> PlanText {
+    tenant_days(source, target, "STATUS#{@status}").index("GSI1", "GSI1PK")
 }
 
 fn order(t: &str, id: usize, status: Option<&str>) -> Item {
@@ -79,19 +54,8 @@ fn seed() -> Vec<Item> {
         }
     }
     // Collisions: C#a's 4 items and C#b's 2 items each map to one target key; C#c is alone.
-    for (x, n) in [("a", 4), ("b", 2), ("c", 1)] {
-        for y in 0..n {
-            items.push(item(&format!(
-                r#"{{"PK":{{"S":"C#{x}"}},"SK":{{"S":"{y}"}}}}"#
-            )));
-        }
-    }
-    // Unmatched.
-    for i in 0..9 {
-        items.push(item(&format!(
-            r#"{{"PK":{{"S":"X#{i}"}},"SK":{{"S":"?"}}}}"#
-        )));
-    }
+    items.extend(colliding(&[("a", 4), ("b", 2), ("c", 1)]));
+    items.extend(unmatched(9));
     items
 }
 
@@ -103,8 +67,7 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
     let items = seed();
     env.put(&table, &items).await;
 
-    let text = plan_text(&table, "orders_v2");
-    let plan_path = env.file("plan.toml", &text);
+    let (plan_path, plan) = orders_plan(&table, "orders_v2").write(&env);
     let rejects = env.dir.path().join("rejects.jsonl");
     // Small pages and several segments: pagination and parallelism are exercised.
     let out = env.rekey(&[
@@ -165,7 +128,6 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
     assert_eq!(rejected_lines, 14, "every reject is in the rejects file");
 
     // The new distribution against an in-memory oracle over the same items.
-    let plan = Plan::parse(&text, std::path::Path::new("plan.toml")).unwrap();
     let mut per_key: HashMap<String, u64> = HashMap::new();
     let mut statuses = HashSet::new();
     let mut puts = 0;
@@ -230,7 +192,7 @@ async fn analyze_reports_exact_counts_on_a_seeded_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn analyze_names_a_missing_table_and_its_region() {
     let env = TestEnv::start().await;
-    let plan = env.file("plan.toml", &plan_text("no-such-table", "t2"));
+    let (plan, _) = orders_plan("no-such-table", "t2").write(&env);
     let out = env.rekey(&["analyze", plan.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
     let err = stderr(&out);
@@ -256,7 +218,7 @@ async fn analyze_refuses_a_plan_whose_key_is_not_the_tables() {
         },
     )
     .await;
-    let plan = env.file("plan.toml", &plan_text(&table, "t2"));
+    let (plan, _) = orders_plan(&table, "t2").write(&env);
     let out = env.rekey(&["analyze", plan.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
     assert!(

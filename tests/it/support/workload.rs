@@ -1,59 +1,19 @@
-//! The application the live-write tests run against the source: orders whose
-//! target key depends on their status, so an update can move an item to
-//! another target key; inserts, updates, deletes and re-inserts at random.
+//! The workload every test draws from: the application the live-write tests
+//! run against the source (orders whose target key depends on their status,
+//! so an update can move an item to another target key; inserts, updates,
+//! deletes and re-inserts at random), the [`Orders`] fixture around it, and
+//! the seeded item generators of the backfill, verify and analyze tests
+//! (tenant orders of every attribute type, colliding pairs, unmatched items).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use rekey::core::plan::{KeyAttr, KeySchema};
-use rekey::core::value::{Item, ScalarType};
-
-use std::path::PathBuf;
-
 use rekey::core::plan::Plan;
+use rekey::core::value::Item;
 
-use super::{Rng, TestEnv, item};
-
-pub fn source_key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: None,
-    }
-}
-
-pub fn target_key() -> KeySchema {
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
-    }
-}
-
-/// The target key depends on `status`: an update of the status moves the item.
-pub fn plan_text(source: &str, target: &str) -> String {
-    format!(
-        r#"
-[source]
-table = "{source}"
-partition_key = "PK"
-[target]
-table = "{target}"
-partition_key = "PK"
-sort_key = "SK"
-[[rule]]
-match = {{ PK = "O#{{id}}" }}
-key = {{ PK = "ST#{{@status}}#{{shard(id, 4)}}", SK = "O#{{id}}" }}
-"#
-    )
-}
+use super::plan::orders_by_status;
+use super::{TestEnv, item, pk_only, pk_sk};
 
 pub fn order(id: u64, status: &str, v: u64) -> Item {
     item(&format!(
@@ -192,15 +152,10 @@ impl Orders {
     async fn on(env: TestEnv, seed: Vec<Item>) -> Orders {
         let source = env.table_name("src");
         let target = env.table_name("dst");
-        env.clients
-            .create_table(&source, &source_key(), true)
-            .await
-            .unwrap();
-        env.create_table(&target, &target_key()).await;
+        env.create_streamed_table(&source, &pk_only()).await;
+        env.create_table(&target, &pk_sk()).await;
         env.put(&source, &seed).await;
-        let text = plan_text(&source, &target);
-        let plan_path = env.file("plan.toml", &text);
-        let plan = Plan::parse(&text, &plan_path).unwrap();
+        let (plan_path, plan) = orders_by_status(&source, &target).write(&env);
         let state = env.dir.path().join("state");
         std::fs::create_dir_all(&state).unwrap();
         Orders {
@@ -212,4 +167,94 @@ impl Orders {
             state,
         }
     }
+}
+
+/// A cheap reproducible random sequence for kill points and workloads.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn from_time() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        eprintln!("random seed {seed}");
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Order `i` of tenant `tenant` (plans of [`super::plan::tenant_days`]),
+/// with every attribute type: its day, status (every fourth OPEN), `total`,
+/// a 36-digit number, sets, binary, a nested map and list, and a `scratch`
+/// attribute plans drop.
+pub fn tenant_order(tenant: &str, i: usize, total: &str) -> Item {
+    let text = format!(
+        r#"{{"PK":{{"S":"T#{tenant}#D#2026-07-0{}"}},"SK":{{"S":"O#{i:06}"}},"status":{{"S":"{}"}},
+            "total":{{"N":"{total}"}},"big":{{"N":"123456789012345678901234567890.{i}"}},
+            "tags":{{"SS":["a","b{}"]}},"ns":{{"NS":["-1","{i}"]}},"raw":{{"B":"AAECAw=="}},
+            "nested":{{"M":{{"l":{{"L":[{{"BOOL":true}},{{"NULL":true}},{{"S":"ü"}}]}}}}}},
+            "scratch":{{"S":"dropped"}}}}"#,
+        1 + i % 3,
+        if i.is_multiple_of(4) { "OPEN" } else { "DONE" },
+        i % 7
+    );
+    item(&text.replace('\n', ""))
+}
+
+/// Order `i` of the backfill tests: every third of one hot tenant, the
+/// others spread over 50.
+pub fn skewed_order(i: usize) -> Item {
+    let tenant = if i.is_multiple_of(3) {
+        "hot".to_string()
+    } else {
+        format!("t{}", i % 50)
+    };
+    tenant_order(&tenant, i, &format!("{i}.{:02}", i % 100))
+}
+
+/// Order `i` of the verify tests: tenants in turn, one of 50.
+pub fn even_order(i: usize) -> Item {
+    tenant_order(&format!("t{}", i % 50), i, &format!("{i}.50"))
+}
+
+/// Items `C#{x}` (sort keys `0`…): under [`super::plan::tenant_days`] all
+/// items of one `x` map to one target key. `groups` is (x, items).
+pub fn colliding(groups: &[(&str, usize)]) -> Vec<Item> {
+    groups
+        .iter()
+        .flat_map(|(x, n)| {
+            (0..*n).map(move |y| item(&format!(r#"{{"PK":{{"S":"C#{x}"}},"SK":{{"S":"{y}"}}}}"#)))
+        })
+        .collect()
+}
+
+/// `n` items no rule matches (`X#{i}`).
+pub fn unmatched(n: usize) -> Vec<Item> {
+    (0..n)
+        .map(|i| item(&format!(r#"{{"PK":{{"S":"X#{i}"}},"SK":{{"S":"?"}}}}"#)))
+        .collect()
+}
+
+/// `orders`, then five colliding pairs (one of each pair is rejected) and
+/// seven unmatched items: what the backfill and verify tests seed.
+pub fn with_collisions_and_unmatched(mut orders: Vec<Item>) -> Vec<Item> {
+    orders.extend(colliding(&[
+        ("0", 2),
+        ("1", 2),
+        ("2", 2),
+        ("3", 2),
+        ("4", 2),
+    ]));
+    orders.extend(unmatched(7));
+    orders
 }

@@ -5,16 +5,15 @@
 //! through AWS_ENDPOINT_URL_DYNAMODB_STREAMS. The source table and the target
 //! are a real DynamoDB Local.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use rekey::core::plan::{KeyAttr, KeySchema, Plan};
-use rekey::core::value::{Item, ScalarType};
+use rekey::core::plan::Plan;
+use rekey::core::value::Item;
 use serde_json::{Value as Json, json};
-use support::*;
+
+use crate::support::*;
 
 /// One recorded shard: its parent, whether it is closed, its records.
 struct Shard {
@@ -190,49 +189,25 @@ async fn serve(double: Arc<Double>) -> String {
     format!("http://{addr}")
 }
 
-fn plan_text(source: &str, target: &str) -> String {
-    format!(
-        "[source]\ntable = \"{source}\"\npartition_key = \"PK\"\n[target]\ntable = \"{target}\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
-         [[rule]]\nmatch = {{ PK = \"O#{{id}}\" }}\nkey = {{ PK = \"ST#{{@status}}\", SK = \"O#{{id}}\" }}\n"
-    )
-}
-
 async fn setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf, std::path::PathBuf) {
     let source = env.table_name("src");
     let target = env.table_name("dst");
-    let pk = KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: None,
-    };
-    env.clients.create_table(&source, &pk, true).await.unwrap();
-    env.create_table(
-        &target,
-        &KeySchema {
-            sort_key: Some(KeyAttr {
-                name: "SK".into(),
-                ty: ScalarType::S,
-            }),
-            ..pk
-        },
-    )
-    .await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_table(&target, &pk_sk()).await;
+    // Orders keyed by status (one target key per status and order).
+    let (plan_path, plan) = PlanText::new(&source, &target)
+        .rule(Rule::new(
+            &[("PK", "O#{id}")],
+            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
+        ))
+        .write(env);
     let state = env.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     // No backfill in these tests: the tail applies as it reads.
     rekey::state::StateDir::new(&state)
         .mark_backfill_done()
         .unwrap();
-    (
-        target,
-        Plan::parse(&text, &plan_path).unwrap(),
-        plan_path,
-        state,
-    )
+    (target, plan, plan_path, state)
 }
 
 fn run_tail(

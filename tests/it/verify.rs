@@ -1,9 +1,8 @@
+// Slow on purpose: 110 s here (`cargo test --test it verify::`, load 11-12 on 2 cores; 137 s before): every test backfills first; the kill test verifies 2,000 items at 15 reads/s so the kill lands mid-run; re-checks wait for a (fake or real) tail.
 //! `rekey verify` against DynamoDB Local: clean after a backfill; each kind of
 //! corruption found (and key values kept off the terminal); `--repair` fixes
 //! them; kill -9 resumes; a transient difference while the tail catches up is
 //! not counted, a persistent one is, and a stalled tail leaves it unconfirmed.
-
-mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,75 +13,14 @@ use rekey::core::plan::Plan;
 use rekey::core::transform::{Outcome, transform};
 use rekey::core::value::Item;
 use serde_json::Value as Json;
-use support::*;
 
-fn plan_text(source: &str, target: &str, prefix: bool) -> String {
-    format!(
-        r#"
-[source]
-table = "{source}"
-partition_key = "PK"
-sort_key = "SK"
-
-[target]
-table = "{target}"
-partition_key = "PK"
-sort_key = "SK"
-
-[options]
-{}
-drop = ["scratch"]
-
-[[rule]]
-name = "order"
-match = {{ PK = "T#{{t}}#D#{{d}}", SK = "O#{{id}}" }}
-key = {{ PK = "T#{{t}}#D#{{d}}#S#{{shard(id, 8)}}", SK = "O#{{id}}" }}
-set = {{ GSI1PK = "T#{{t}}#ST#{{@status}}" }}
-
-[[rule]]
-name = "collide"
-match = {{ PK = "C#{{x}}", SK = "{{y}}" }}
-key = {{ PK = "C", SK = "SAME#{{x}}" }}
-"#,
-        if prefix {
-            "source_key_prefix = \"src_\""
-        } else {
-            ""
-        }
-    )
-}
-
-fn order(i: usize) -> Item {
-    let text = format!(
-        r#"{{"PK":{{"S":"T#t{}#D#2026-07-0{}"}},"SK":{{"S":"O#{i:06}"}},"status":{{"S":"{}"}},
-            "total":{{"N":"{i}.50"}},"big":{{"N":"123456789012345678901234567890.{i}"}},
-            "tags":{{"SS":["a","b{}"]}},"ns":{{"NS":["-1","{i}"]}},"raw":{{"B":"AAECAw=="}},
-            "nested":{{"M":{{"l":{{"L":[{{"BOOL":true}},{{"NULL":true}},{{"S":"ü"}}]}}}}}},
-            "scratch":{{"S":"dropped"}}}}"#,
-        i % 50,
-        1 + i % 3,
-        if i.is_multiple_of(4) { "OPEN" } else { "DONE" },
-        i % 7
-    );
-    item(&text.replace('\n', ""))
-}
+use crate::support::plan::tenant_days;
+use crate::support::workload::{even_order as order, with_collisions_and_unmatched};
+use crate::support::*;
 
 /// Orders, five colliding pairs (one of each pair is rejected), seven unmatched items.
 fn workload(n: usize) -> Vec<Item> {
-    let mut items: Vec<Item> = (0..n).map(order).collect();
-    for x in 0..5 {
-        for y in 0..2 {
-            items.push(item(&format!(
-                r#"{{"PK":{{"S":"C#{x}"}},"SK":{{"S":"{y}"}}}}"#
-            )));
-        }
-    }
-    for i in 0..7 {
-        items.push(item(&format!(
-            r#"{{"PK":{{"S":"X#{i}"}},"SK":{{"S":"?"}}}}"#
-        )));
-    }
-    items
+    with_collisions_and_unmatched((0..n).map(order).collect())
 }
 
 struct Setup {
@@ -103,9 +41,11 @@ async fn setup(n: usize, prefix: bool) -> Setup {
     env.create_table(&source, &pk_sk()).await;
     env.create_table(&target, &pk_sk()).await;
     env.put(&source, &workload(n)).await;
-    let text = plan_text(&source, &target, prefix);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let mut plan = tenant_days(&source, &target, "T#{t}#ST#{@status}");
+    if prefix {
+        plan = plan.source_key_prefix("src_");
+    }
+    let (plan_path, plan) = plan.drop_attrs(&["scratch"]).write(&env);
     let state = env.dir.path().join("state");
     let s = Setup {
         plan_s: plan_path.to_str().unwrap().to_string(),
@@ -477,9 +417,7 @@ async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
     s.env.put(&s.target, &[a_target]).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     *tail.caught_up.lock().unwrap() = true;
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let out = wait_output(child).await;
     assert_eq!(out.status.code(), Some(4), "{}", all_output(&out));
     let r = report(&out);
     assert_accounted(&r);
@@ -522,7 +460,7 @@ async fn a_transient_difference_is_not_counted_a_persistent_one_is() {
 /// starts, mapped to its target key, and nothing from before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
-    use support::app::{Orders, order, seed};
+    use crate::support::workload::{Orders, order, seed};
     let o = Orders::start(seed(3)).await;
     let c = &o.env.clients;
     let mut watch = rekey::phase::watch::Watch::start(c, &o.plan)
@@ -585,7 +523,7 @@ async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
 /// confirm no orphan (and no difference) that is not there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_moving_between_statuses_during_verify_are_not_orphans() {
-    use support::app::{Orders, STATUSES, seed};
+    use crate::support::workload::{Orders, STATUSES, seed};
     let o = Orders::start(seed(300)).await;
     let (plan, state) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
     let out = o.env.rekey(&["-q", "backfill", plan, "--state-dir", state]);

@@ -1,15 +1,16 @@
+// Slow on purpose: 127 s here (`cargo test --test it tail::`, load 10 on 2 cores; 109 s before): 1,500-2,000 application writes against the local server while backfill and tail run, five kill -9 rounds of each, and a tail that exits only after 4 s idle.
 //! Backfill and tail together against DynamoDB Local while an application
 //! keeps writing: inserts, updates that move an item to another target key,
 //! deletes, re-inserts of deleted keys. When the writer stops and the tail has
 //! caught up, target == transform(source) exactly.
 
-mod support;
-
 use std::time::Duration;
 
 use rekey::core::value::Item;
-use support::app::*;
-use support::*;
+
+use crate::support::plan::orders_by_status;
+use crate::support::workload::*;
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_and_tail_converge_under_live_writes() {
@@ -58,9 +59,7 @@ async fn backfill_and_tail_converge_under_live_writes() {
     let (ops, status) = tokio::join!(app, backfill);
     assert!(status.success(), "backfill failed");
     eprintln!("application wrote {ops} changes during the backfill");
-    let out = tokio::task::spawn_blocking(move || tail.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let out = wait_output(tail).await;
     assert!(
         out.status.success(),
         "tail failed: {}",
@@ -196,10 +195,8 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
         let stop = std::sync::atomic::AtomicBool::new(false);
         let side = side_writer(&env, &source, 5000, &stop);
         let barrier = async {
-            let mut cmd = env.command(&drain, &[]);
-            let out = tokio::task::spawn_blocking(move || cmd.output().expect("run rekey"))
-                .await
-                .unwrap();
+            let cmd = env.command(&drain, &[]);
+            let out = output(cmd).await;
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             out
         };
@@ -273,10 +270,10 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
 async fn run_stops_with_the_tails_error_when_the_tail_cannot_run() {
     let env = TestEnv::start().await;
     let (source, target) = (env.table_name("src"), env.table_name("dst"));
-    env.create_table(&source, &source_key()).await; // no stream
-    env.create_table(&target, &target_key()).await;
+    env.create_table(&source, &pk_only()).await; // no stream
+    env.create_table(&target, &pk_sk()).await;
     env.put(&source, &seed(50)).await;
-    let plan = env.file("plan.toml", &plan_text(&source, &target));
+    let (plan, _) = orders_by_status(&source, &target).write(&env);
     let state = env.dir.path().join("state");
     let out = env.rekey(&[
         "-q",

@@ -1,3 +1,4 @@
+// Slow on purpose: 88 s here (`cargo test --test it lifecycle::`, load 10 on 2 cores; 88 s before): `rekey run` killed at ten random points (0.7-3.2 s apart), then run to ready-for-cutover, three verifies, cutover and finish, all under live writes.
 //! The whole migration as an operator runs it, against the local server, while an
 //! application keeps writing: `rekey run` (killed with kill -9 at ten random
 //! points across its phases) to ready-for-cutover; a verify that finds, and
@@ -5,13 +6,12 @@
 //! through the postpone flag; `rekey finish`; then an independent comparison
 //! of the target with transform(source).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use rekey::core::value::{Item, Value};
-use support::app::*;
-use support::*;
+
+use crate::support::workload::*;
+use crate::support::*;
 
 fn status(env: &TestEnv, plan: &str, state: &str) -> serde_json::Value {
     let out = env.rekey(&["status", plan, "--state-dir", state, "--json"]);
@@ -204,9 +204,7 @@ async fn run_to_cutover_under_live_writes_with_kills_corruptions_and_postpone() 
         );
         assert!(!state.join("cutover.json").exists());
         std::fs::remove_file(state.join("postpone")).unwrap();
-        let out = tokio::task::spawn_blocking(move || cut.wait_with_output().unwrap())
-            .await
-            .unwrap();
+        let out = wait_output(cut).await;
         assert!(
             out.status.success(),
             "cutover: {}{}",

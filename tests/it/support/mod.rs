@@ -12,10 +12,25 @@
 //! server itself (their own throttling proxy) call [`TestEnv::start_local`].
 //!
 //! A server that cannot start fails the test loudly; nothing is skipped.
+//!
+//! Beside the environment, one of each thing the tests share:
+//! - [`plan`]: the plan builder ([`PlanText`]) and the plan shapes several
+//!   areas use;
+//! - [`workload`]: the application writer and the seeded item generators;
+//! - [`client`]: SDK clients, table creation, puts, scans, and the
+//!   independent comparison of a target with transform(source);
+//! - [`export`]: DynamoDB exports in S3 (the shared local server) and on disk;
+//! - [`shared_server`], [`rerun_alone`], [`dead_endpoint`] and the helpers
+//!   that read rekey's output.
 
-#![allow(dead_code)]
+pub mod client;
+pub mod export;
+pub mod plan;
+pub mod workload;
 
-pub mod app;
+pub use client::{expected_target, pk_only, pk_sk, target_vs_transform};
+pub use plan::{PlanText, Rule};
+pub use workload::Rng;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -23,10 +38,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rekey::aws::{AwsOptions, Clients};
-use rekey::core::plan::KeySchema;
 use rekey::core::value::Item;
 use rekey::local::{LocalOptions, LocalServer};
 use rekey_testkit::proxy::{Proxy, ProxyOptions};
+use tokio::sync::OnceCell;
 
 /// Names the endpoint the integration tests run against instead of a local server.
 pub const ENDPOINT_ENV: &str = "REKEY_TEST_ENDPOINT";
@@ -142,19 +157,6 @@ impl TestEnv {
         );
         self.tables.lock().unwrap().push(name.clone());
         name
-    }
-
-    pub async fn create_table(&self, name: &str, key: &KeySchema) {
-        self.clients
-            .create_table(name, key, false)
-            .await
-            .unwrap_or_else(|e| panic!("create {name}: {e}"));
-    }
-
-    pub async fn put(&self, table: &str, items: &[Item]) {
-        rekey::aws::write::put_all(&self.clients, table, items, 4)
-            .await
-            .unwrap_or_else(|e| panic!("put into {table}: {e}"));
     }
 
     /// Write a file into the test's temp dir.
@@ -305,115 +307,6 @@ pub fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-impl TestEnv {
-    /// Every item of a table, through a plain Scan.
-    pub async fn scan_all(&self, table: &str) -> Vec<Item> {
-        let mut out = Vec::new();
-        let mut start = None;
-        loop {
-            let page = self
-                .clients
-                .dynamodb
-                .scan()
-                .table_name(table)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "scan {table}: {}",
-                        aws_smithy_types::error::display::DisplayErrorContext(&e)
-                    )
-                });
-            for it in page.items.unwrap_or_default() {
-                out.push(rekey::aws::from_sdk_item(it).expect("known types"));
-            }
-            match page.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => return out,
-            }
-        }
-    }
-
-    /// The target as a map from its key to the item.
-    pub async fn table_map(
-        &self,
-        table: &str,
-        key: &[&str],
-    ) -> std::collections::BTreeMap<Vec<u8>, Item> {
-        self.scan_all(table)
-            .await
-            .into_iter()
-            .map(|i| {
-                (
-                    rekey::core::value::encode_key(&i, key).expect("key attributes"),
-                    i,
-                )
-            })
-            .collect()
-    }
-}
-
-/// What the target must hold: transform(source), keyed by target key.
-pub fn expected_target(
-    plan: &rekey::core::plan::Plan,
-    source: &[Item],
-) -> std::collections::BTreeMap<Vec<u8>, Item> {
-    let names = plan.target_key.names();
-    source
-        .iter()
-        .filter_map(|i| match rekey::core::transform::transform(plan, i) {
-            rekey::core::transform::Outcome::Put { item, .. } => {
-                Some((rekey::core::value::encode_key(&item, &names).unwrap(), item))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// A cheap reproducible random sequence for kill points and workloads.
-/// (missing, extra, stale): how the target differs from transform(source),
-/// compared independently of rekey's own verify.
-pub async fn target_vs_transform(
-    env: &TestEnv,
-    plan: &rekey::core::plan::Plan,
-    source: &str,
-    target: &str,
-) -> (usize, usize, usize) {
-    let expected = expected_target(plan, &env.scan_all(source).await);
-    let names = plan.target_key.names();
-    let actual = env.table_map(target, &names).await;
-    let missing = expected.keys().filter(|k| !actual.contains_key(*k)).count();
-    let extra = actual.keys().filter(|k| !expected.contains_key(*k)).count();
-    let stale = expected
-        .iter()
-        .filter(|(k, v)| actual.get(*k).is_some_and(|a| a != *v))
-        .count();
-    (missing, extra, stale)
-}
-
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn from_time() -> Rng {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
-        eprintln!("random seed {seed}");
-        Rng(seed)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// The report of a `--json` run: the last line of its event stream, with
 /// every earlier line a progress event.
 pub fn report(o: &Output) -> serde_json::Value {
@@ -455,18 +348,79 @@ pub async fn wait_for_progress(state_dir: &Path, timeout: std::time::Duration) {
     }
 }
 
-/// The key schema most tests use: `PK` (S) and `SK` (S).
-pub fn pk_sk() -> KeySchema {
-    use rekey::core::plan::KeyAttr;
-    use rekey::core::value::ScalarType;
-    KeySchema {
-        partition_key: KeyAttr {
-            name: "PK".into(),
-            ty: ScalarType::S,
-        },
-        sort_key: Some(KeyAttr {
-            name: "SK".into(),
-            ty: ScalarType::S,
-        }),
+/// One local server for the whole test binary, for tests that need no
+/// DynamoDB of their own (the proxy's tests, each with its own tables; the
+/// export tests, each with its own bucket). It starts in about a second;
+/// never dropped, it dies with the process (PR_SET_PDEATHSIG on a thread that
+/// lives as long as it does). The test fails if it cannot start.
+pub async fn shared_server() -> &'static LocalServer {
+    static SERVER: OnceCell<LocalServer> = OnceCell::const_new();
+    SERVER
+        .get_or_init(|| async {
+            let started = std::time::Instant::now();
+            let server = LocalServer::start(&LocalOptions::default())
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("the local server did not start (run scripts/install-deps): {e}")
+                });
+            eprintln!(
+                "shared local server at {} ready in {:?}",
+                server.endpoint(),
+                started.elapsed()
+            );
+            server
+        })
+        .await
+}
+
+/// Names the test that [`rerun_alone`] runs in a process of its own.
+const ALONE_ENV: &str = "REKEY_IT_ALONE";
+
+/// For a test that must be alone in its process (it measures the process):
+/// false in that process, where the test's body runs; anywhere else, runs
+/// the test `path` (its full name in this binary, `module::test`) again in a
+/// process of its own, passes on its output, asserts that it ran and passed,
+/// and returns true (the caller returns at once).
+pub fn rerun_alone(path: &str) -> bool {
+    if std::env::var(ALONE_ENV).is_ok_and(|v| v == path) {
+        return false;
     }
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", path, "--nocapture", "--test-threads=1"])
+        .env(ALONE_ENV, path)
+        .output()
+        .expect("run the test binary");
+    let (o, e) = (stdout(&out), stderr(&out));
+    eprintln!("{path}, alone in process:\n{o}{e}");
+    assert!(out.status.success(), "{path} failed in its own process");
+    assert!(
+        o.contains("test result: ok. 1 passed"),
+        "{path} did not run in its own process: {o}"
+    );
+    true
+}
+
+/// A URL nothing listens on: bind a port, take the number, close it.
+pub fn dead_endpoint() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Runs a prepared command off the async workers (a proxy of the test may
+/// serve rekey's requests on them meanwhile).
+pub async fn output(mut cmd: Command) -> Output {
+    tokio::task::spawn_blocking(move || cmd.output().expect("run rekey"))
+        .await
+        .unwrap()
+}
+
+/// Waits for a spawned rekey off the async workers: its whole output.
+pub async fn wait_output(child: std::process::Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap()
 }

@@ -1,3 +1,4 @@
+// Slow on purpose: 106 s here (`cargo test --test it inplace::`, load 10-12 on 2 cores; 92 s before): backfill, tail and 1,200 application writes run together, then verify and an undo under writes; the kill test writes at 150 WCU/s so the kill lands mid-run.
 //! In-place mode against DynamoDB Local: a bucketed status GSI added to a live
 //! table (plans/status-gsi-in-place.toml) while the application keeps
 //! changing statuses and writing whole items without the new attributes.
@@ -5,8 +6,6 @@
 //! the tail never follows its own writes (its writes are bounded by the
 //! application's), the GSI answers per bucket, and undo takes the attributes
 //! away again without touching what the application wrote.
-
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,7 +19,8 @@ use rekey::core::plan::Plan;
 use rekey::core::transform::{Outcome, transform};
 use rekey::core::value::{Item, Value};
 use rekey::phase::inplace::check_item;
-use support::*;
+
+use crate::support::*;
 
 const STATUSES: [&str; 3] = ["OPEN", "WAITING", "DONE"];
 const TENANTS: u64 = 3;
@@ -76,6 +76,13 @@ async fn create_tasks_table(env: &TestEnv, table: &str) {
         .send()
         .await
         .unwrap_or_else(|e| panic!("create {table}: {}", rekey::aws::error_chain(&e)));
+}
+
+/// plans/status-gsi-in-place.toml, on `table`.
+fn tasks_plan(table: &str) -> String {
+    std::fs::read_to_string(repo_path("plans/status-gsi-in-place.toml"))
+        .unwrap()
+        .replace("table = \"tasks\"", &format!("table = \"{table}\""))
 }
 
 fn task(id: u64, status: &str) -> Item {
@@ -183,9 +190,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
     seed.extend((0..30).map(note));
     env.put(&table, &seed).await;
 
-    let text = std::fs::read_to_string(repo_path("plans/status-gsi-in-place.toml"))
-        .unwrap()
-        .replace("table = \"tasks\"", &format!("table = \"{table}\""));
+    let text = tasks_plan(&table);
     let plan_path = env.file("plan.toml", &text);
     let plan = Plan::parse(&text, &plan_path).unwrap();
     let state = env.dir.path().join("state");
@@ -219,9 +224,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
             "8",
         ];
         let child = env.spawn(&args);
-        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-            .await
-            .unwrap()
+        wait_output(child).await
     };
     let (writes, out) = tokio::join!(writes, backfill);
     assert!(out.status.success(), "backfill: {}", stderr(&out));
@@ -242,9 +245,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
         "the notes are skipped"
     );
 
-    let out = tokio::task::spawn_blocking(move || tail.wait_with_output().unwrap())
-        .await
-        .unwrap();
+    let out = wait_output(tail).await;
     assert!(out.status.success(), "tail: {}", stderr(&out));
     let r = report(&out);
     eprintln!("tail: {r}");
@@ -371,9 +372,7 @@ async fn in_place_backfill_tail_and_undo_under_live_writes() {
             "50",
         ];
         let child = env.spawn(&args);
-        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
-            .await
-            .unwrap()
+        wait_output(child).await
     };
     let (touched, out) = tokio::join!(touch, undo);
     assert!(out.status.success(), "undo: {}", stderr(&out));
@@ -443,9 +442,7 @@ async fn in_place_backfill_resumes_after_kill_9() {
         .collect();
     seed.extend((0..20).map(note));
     env.put(&table, &seed).await;
-    let text = std::fs::read_to_string(repo_path("plans/status-gsi-in-place.toml"))
-        .unwrap()
-        .replace("table = \"tasks\"", &format!("table = \"{table}\""));
+    let text = tasks_plan(&table);
     let plan_path = env.file("plan.toml", &text);
     let plan = Plan::parse(&text, &plan_path).unwrap();
     let state = env.dir.path().join("state");
@@ -522,10 +519,7 @@ async fn a_stale_decision_is_recomputed_and_a_deleted_item_stays_deleted() {
     let env = TestEnv::start().await;
     let table = env.table_name("tasks");
     create_tasks_table(&env, &table).await;
-    let text = std::fs::read_to_string(repo_path("plans/status-gsi-in-place.toml"))
-        .unwrap()
-        .replace("table = \"tasks\"", &format!("table = \"{table}\""));
-    let plan = Plan::parse(&text, std::path::Path::new("plan.toml")).unwrap();
+    let plan = Plan::parse(&tasks_plan(&table), std::path::Path::new("plan.toml")).unwrap();
     let control = Control::new(None, None);
     let key = |t: &Item| rekey::core::value::encode_key(t, &["PK", "SK"]).unwrap();
 

@@ -7,46 +7,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use aws_config::BehaviorVersion;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::config::{Credentials, Region};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
-};
 use rekey::local::{LocalError, LocalOptions, LocalServer};
 
+use crate::support::client::{self as clients, create_plain_table};
+
 async fn client(local: &LocalServer) -> Client {
-    let config = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(local.endpoint())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-        .load()
-        .await;
-    Client::new(&config)
+    clients::dynamodb(local.endpoint()).await
 }
 
+/// A `pk`-keyed table.
 async fn create_table(client: &Client, name: &str) {
-    client
-        .create_table()
-        .table_name(name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .send()
-        .await
-        .unwrap();
+    create_plain_table(client, name, &["pk"], false).await;
 }
 
 async fn table_names(client: &Client) -> Vec<String> {
@@ -222,6 +194,9 @@ fn the_install_is_found() {
 
 const HELPER_ENV: &str = "LOCALLAUNCH_TEST_HELPER";
 
+/// The helper's full name in the test binary, as `--exact` takes it.
+const HELPER_TEST: &str = "local::owner_process_helper";
+
 /// Not a test on its own: when `HELPER_ENV` is set, this is the body of the
 /// subprocess that `the_server_dies_with_its_owner` starts and then ends.
 #[test]
@@ -247,12 +222,7 @@ fn owner_process_helper() {
 /// pid and port.
 fn start_owner(mode: &str) -> (std::process::Child, u32, u16) {
     let mut owner = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "owner_process_helper",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", HELPER_TEST, "--nocapture", "--test-threads=1"])
         .env(HELPER_ENV, mode)
         .stdout(Stdio::piped())
         .spawn()
@@ -260,7 +230,7 @@ fn start_owner(mode: &str) -> (std::process::Child, u32, u16) {
     let stdout = BufReader::new(owner.stdout.take().unwrap());
     for line in stdout.lines() {
         let line = line.unwrap();
-        // libtest prints "test owner_process_helper ... " before it.
+        // libtest prints "test local::owner_process_helper ... " before it.
         if let Some((_, rest)) = line.split_once("SERVER pid=") {
             let (pid, port) = rest.split_once(" port=").unwrap();
             return (owner, pid.parse().unwrap(), port.parse().unwrap());
@@ -297,51 +267,14 @@ fn the_server_dies_with_its_owner() {
 
 /// A client of the server's DynamoDB Streams.
 async fn streams_client(local: &LocalServer) -> aws_sdk_dynamodbstreams::Client {
-    let config = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(local.endpoint())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-        .load()
-        .await;
-    aws_sdk_dynamodbstreams::Client::new(&config)
+    clients::streams(local.endpoint()).await
 }
 
 /// A `pk`-keyed table with a NEW_AND_OLD_IMAGES stream; its stream ARN.
 async fn table_with_stream(client: &Client, name: &str) -> String {
-    use aws_sdk_dynamodb::types::{StreamSpecification, StreamViewType};
-    let out = client
-        .create_table()
-        .table_name(name)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("pk")
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .unwrap(),
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("pk")
-                .key_type(KeyType::Hash)
-                .build()
-                .unwrap(),
-        )
-        .billing_mode(BillingMode::PayPerRequest)
-        .stream_specification(
-            StreamSpecification::builder()
-                .stream_enabled(true)
-                .stream_view_type(StreamViewType::NewAndOldImages)
-                .build()
-                .unwrap(),
-        )
-        .send()
+    create_plain_table(client, name, &["pk"], true)
         .await
-        .unwrap();
-    out.table_description()
-        .unwrap()
-        .latest_stream_arn()
-        .unwrap()
-        .to_string()
+        .expect("a stream ARN")
 }
 
 /// Every record of the stream's (one) shard, in order.

@@ -3,31 +3,13 @@
 //! connection resets. It must finish exactly, settle near the allowed rate,
 //! and never push one target key past its limit.
 
-mod support;
-
 use rekey::core::plan::Plan;
 use rekey::core::value::Item;
 use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions};
 use serde_json::Value as Json;
-use support::*;
 
-fn plan_text(source: &str, target: &str) -> String {
-    format!(
-        r#"
-[source]
-table = "{source}"
-partition_key = "PK"
-sort_key = "SK"
-[target]
-table = "{target}"
-partition_key = "PK"
-sort_key = "SK"
-[[rule]]
-match = {{ PK = "T#{{t}}", SK = "O#{{id}}" }}
-key = {{ PK = "T#{{t}}#S#{{shard(id, 8)}}", SK = "O#{{id}}" }}
-"#
-    )
-}
+use crate::support::plan::tenant_shards;
+use crate::support::*;
 
 /// `n` orders; `hot_share` of them under one old partition key.
 fn orders(n: usize, hot_share: f64) -> Vec<Item> {
@@ -61,9 +43,7 @@ async fn prepare(items: &[Item]) -> Run {
     env.create_table(&source, &pk_sk()).await;
     env.create_table(&target, &pk_sk()).await;
     env.put(&source, items).await;
-    let text = plan_text(&source, &target);
-    let plan_path = env.file("plan.toml", &text);
-    let plan = Plan::parse(&text, &plan_path).unwrap();
+    let (plan_path, plan) = tenant_shards(&source, &target).write(&env);
     Run {
         env,
         source,

@@ -1,11 +1,20 @@
 //! The export reader against real storage: a moto S3 server and local
-//! directories. No mock of the SDK.
+//! directories. No mock of the SDK. Exports that cannot be read are one
+//! table of cases ([`an_export_that_cannot_be_read_is_refused_at_open_saying_why`]).
+//! Streaming a large file keeps memory flat
+//! ([`a_200k_item_file_streams_in_bounded_memory`], in a process of its own).
 
-mod export_support;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use export_support::*;
-use rekey::aws::export::{ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms};
+use rekey::aws::export::{
+    ExportError, ExportLine, ExportLocation, ExportReader, Manifest, format_rfc3339_ms,
+};
+use rekey::core::value::{Item, Value};
 use rekey_testkit::export::write_export;
+
+use crate::support::export::*;
+use crate::support::{client, rerun_alone};
 
 const T0: i64 = 1_767_225_600_123; // 2026-01-01T00:00:00.123Z
 
@@ -454,38 +463,6 @@ async fn a_wrong_checksum_is_refused_unless_checks_are_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ion_and_incremental_exports_are_refused_clearly() {
-    let dir = tempfile::tempdir().unwrap();
-    write_export(dir.path(), "01-ion", TABLE_ARN, items(2).into_iter(), 1, T0).unwrap();
-    edit_summary(dir.path(), "01-ion", |v| v["outputFormat"] = "ION".into());
-    let client = bucket("ion").await;
-    upload_dir(&client, "ion", "", dir.path()).await;
-    for (loc, c) in [
-        (ExportLocation::Local(dir.path().into()), None),
-        (s3("ion", ""), Some(client)),
-    ] {
-        let err = ExportReader::open(loc, c).await.unwrap_err();
-        assert!(matches!(err, ExportError::Ion { .. }), "{err}");
-        assert_eq!(
-            err.to_string(),
-            "export 01-ion is in ION format; ION exports are not supported: export again with --export-format DYNAMODB_JSON"
-        );
-    }
-    edit_summary(dir.path(), "01-ion", |v| {
-        v["outputFormat"] = "DYNAMODB_JSON".into();
-        v["exportType"] = "INCREMENTAL_EXPORT".into();
-    });
-    let err = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ExportError::Incremental { .. })
-            && err.to_string().contains("--export-type FULL_EXPORT"),
-        "{err}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_pieces_are_not_found_with_their_names() {
     let client = bucket("missing").await;
     let err = ExportReader::open(s3("missing", "nothing/here"), Some(client.clone()))
@@ -529,21 +506,9 @@ async fn missing_pieces_are_not_found_with_their_names() {
         .unwrap_err();
     assert!(matches!(err, ExportError::NoS3Client { .. }), "{err}");
 
+    // A data file missing. (A missing folder, or list of data files, is in
+    // an_export_that_cannot_be_read_is_refused_at_open_saying_why.)
     let dir = tempfile::tempdir().unwrap();
-    let err = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ExportError::NotFound { .. })
-            && err.to_string().contains(&dir.path().display().to_string()),
-        "{err}"
-    );
-    let err = ExportReader::open(ExportLocation::Local(dir.path().join("nope")), None)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("nope"), "{err}");
-
-    // The list of data files, and a data file, missing.
     let m = write_export(
         dir.path(),
         "01-gone",
@@ -572,49 +537,6 @@ async fn missing_pieces_are_not_found_with_their_names() {
         .unwrap();
     let (_, summary) = read_all(&reader, &m.files[1], 0).await;
     assert!(summary.unwrap_err().to_string().contains(&m.files[1].key));
-
-    std::fs::remove_file(dir.path().join("AWSDynamoDB/01-gone/manifest-files.json")).unwrap();
-    let err = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ExportError::NotFound { .. })
-            && err
-                .to_string()
-                .contains("AWSDynamoDB/01-gone/manifest-files.json"),
-        "{err}"
-    );
-}
-
-#[tokio::test]
-async fn a_broken_manifest_names_file_and_line() {
-    let dir = tempfile::tempdir().unwrap();
-    write_export(dir.path(), "01-m", TABLE_ARN, items(4).into_iter(), 2, T0).unwrap();
-    let path = dir.path().join("AWSDynamoDB/01-m/manifest-files.json");
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str("{\"itemCount\":\"many\"}\n");
-    std::fs::write(&path, text).unwrap();
-    let err = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ExportError::Manifest { line: Some(3), .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains("manifest-files.json line 3:"),
-        "{err}"
-    );
-
-    edit_summary(dir.path(), "01-m", |v| v["exportTime"] = "yesterday".into());
-    let err = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("manifest-summary.json: exportTime `yesterday`"),
-        "{err}"
-    );
 }
 
 #[tokio::test]
@@ -653,7 +575,7 @@ async fn moto_is_killed_on_drop() {
         .await
         .expect("moto_server must start");
     eprintln!("own moto_server ready in {:?}", started.elapsed());
-    let client = client_for(moto.endpoint()).await;
+    let client = client::s3(moto.endpoint()).await;
     client.create_bucket().bucket("bkt").send().await.unwrap();
     let buckets = client.list_buckets().send().await.unwrap();
     assert_eq!(buckets.buckets().len(), 1);
@@ -667,4 +589,277 @@ async fn moto_is_killed_on_drop() {
 #[test]
 fn export_times_format_like_dynamodbs() {
     assert_eq!(format_rfc3339_ms(T0), "2026-01-01T00:00:00.123Z");
+}
+
+/// An export that open must refuse: how it is spoiled, and what open says.
+struct Refused {
+    /// Names the case when it fails: the test it was, and which part.
+    name: &'static str,
+    /// Writes the export into the folder given and spoils it; returns the
+    /// folder to open.
+    spoil: fn(&Path) -> PathBuf,
+    /// The kind of error.
+    is: fn(&ExportError) -> bool,
+    says: Says,
+    /// Opened from S3 as well (the folder uploaded as it is).
+    also_s3: bool,
+}
+
+enum Says {
+    Exactly(&'static str),
+    /// Each of these is in the message; `{dir}` is the folder opened.
+    Containing(&'static [&'static str]),
+}
+
+fn export_of(dir: &Path, id: &str, n: usize, files: usize) -> Manifest {
+    write_export(dir, id, TABLE_ARN, items(n).into_iter(), files, T0).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_that_cannot_be_read_is_refused_at_open_saying_why() {
+    let cases = [
+        Refused {
+            name: "ion_and_incremental_exports_are_refused_clearly: ION",
+            spoil: |dir| {
+                export_of(dir, "01-ion", 2, 1);
+                edit_summary(dir, "01-ion", |v| v["outputFormat"] = "ION".into());
+                dir.into()
+            },
+            is: |e| matches!(e, ExportError::Ion { .. }),
+            says: Says::Exactly(
+                "export 01-ion is in ION format; ION exports are not supported: export again with --export-format DYNAMODB_JSON",
+            ),
+            also_s3: true,
+        },
+        Refused {
+            name: "ion_and_incremental_exports_are_refused_clearly: incremental",
+            spoil: |dir| {
+                export_of(dir, "01-ion", 2, 1);
+                edit_summary(dir, "01-ion", |v| {
+                    v["outputFormat"] = "DYNAMODB_JSON".into();
+                    v["exportType"] = "INCREMENTAL_EXPORT".into();
+                });
+                dir.into()
+            },
+            is: |e| matches!(e, ExportError::Incremental { .. }),
+            says: Says::Containing(&["--export-type FULL_EXPORT"]),
+            also_s3: false,
+        },
+        Refused {
+            name: "a_broken_manifest_names_file_and_line: a bad line",
+            spoil: |dir| {
+                export_of(dir, "01-m", 4, 2);
+                let path = dir.join("AWSDynamoDB/01-m/manifest-files.json");
+                let mut text = std::fs::read_to_string(&path).unwrap();
+                text.push_str("{\"itemCount\":\"many\"}\n");
+                std::fs::write(&path, text).unwrap();
+                dir.into()
+            },
+            is: |e| matches!(e, ExportError::Manifest { line: Some(3), .. }),
+            says: Says::Containing(&["manifest-files.json line 3:"]),
+            also_s3: false,
+        },
+        Refused {
+            name: "a_broken_manifest_names_file_and_line: a bad exportTime",
+            spoil: |dir| {
+                export_of(dir, "01-m", 4, 2);
+                edit_summary(dir, "01-m", |v| v["exportTime"] = "yesterday".into());
+                dir.into()
+            },
+            is: |_| true,
+            says: Says::Containing(&["manifest-summary.json: exportTime `yesterday`"]),
+            also_s3: false,
+        },
+        Refused {
+            name: "missing_pieces_are_not_found_with_their_names: an empty folder",
+            spoil: |dir| dir.into(),
+            is: |e| matches!(e, ExportError::NotFound { .. }),
+            says: Says::Containing(&["{dir}"]),
+            also_s3: false,
+        },
+        Refused {
+            name: "missing_pieces_are_not_found_with_their_names: no such folder",
+            spoil: |dir| dir.join("nope"),
+            is: |_| true,
+            says: Says::Containing(&["nope"]),
+            also_s3: false,
+        },
+        Refused {
+            name: "missing_pieces_are_not_found_with_their_names: no list of data files",
+            spoil: |dir| {
+                export_of(dir, "01-gone", 4, 2);
+                std::fs::remove_file(dir.join("AWSDynamoDB/01-gone/manifest-files.json")).unwrap();
+                dir.into()
+            },
+            is: |e| matches!(e, ExportError::NotFound { .. }),
+            says: Says::Containing(&["AWSDynamoDB/01-gone/manifest-files.json"]),
+            also_s3: false,
+        },
+    ];
+    let mut failed = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = (case.spoil)(dir.path());
+        let mut opened = vec![(
+            ExportLocation::Local(folder.clone()),
+            None,
+            folder.display().to_string(),
+        )];
+        if case.also_s3 {
+            let bucket_name = format!("refused-{i}");
+            let client = bucket(&bucket_name).await;
+            upload_dir(&client, &bucket_name, "", &folder).await;
+            opened.push((
+                s3(&bucket_name, ""),
+                Some(client),
+                format!("s3://{bucket_name}"),
+            ));
+        }
+        for (loc, client, shown) in opened {
+            let why = match ExportReader::open(loc.clone(), client).await {
+                Ok(_) => "opened".to_string(),
+                Err(err) => {
+                    let msg = err.to_string();
+                    let mut why = Vec::new();
+                    if !(case.is)(&err) {
+                        why.push(format!("not the expected kind: {err:?}"));
+                    }
+                    match &case.says {
+                        Says::Exactly(text) if msg != *text => {
+                            why.push(format!("says {msg:?}, not {text:?}"))
+                        }
+                        Says::Containing(parts) => why.extend(
+                            parts
+                                .iter()
+                                .map(|p| p.replace("{dir}", &shown))
+                                .filter(|p| !msg.contains(p.as_str()))
+                                .map(|p| format!("{msg:?} lacks {p:?}")),
+                        ),
+                        _ => {}
+                    }
+                    why.join("; ")
+                }
+            };
+            if !why.is_empty() {
+                failed.push(format!("case `{}` at {loc}: {why}", case.name));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+// Streaming a large data file keeps memory flat: measured on the process's
+// peak RSS, so the test runs again in a process of its own (rerun_alone).
+
+const BIG_ITEMS: u64 = 200_000;
+/// Holding the file's items would take well over 100 MB (200k items with a
+/// 200-byte string each); streaming needs a few buffers.
+const MAX_GROWTH_KB: u64 = 48 * 1024;
+
+fn big_item(i: u64) -> Item {
+    let mut m = Item::new();
+    m.insert("pk".into(), Value::S(format!("customer#{i:08}")));
+    m.insert("sk".into(), Value::N(format!("{}", i * 7919)));
+    m.insert("payload".into(), Value::S(format!("{i:0>200}")));
+    m
+}
+
+fn status_kb(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Resets the peak RSS to the current RSS; false if the kernel cannot.
+fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Streams the file, counting lines without keeping them; returns
+/// (lines, peak RSS growth in KiB).
+async fn stream_count(reader: &ExportReader, manifest: &Manifest) -> (u64, u64) {
+    let before = status_kb("VmRSS:");
+    let reset = reset_peak();
+    let base = if reset { before } else { status_kb("VmHWM:") };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(256);
+    let count = async {
+        let (mut n, mut last) = (0u64, 0u64);
+        while let Some(line) = rx.recv().await {
+            assert!(line.item.is_ok(), "line {}", line.line);
+            assert_eq!(line.line, last + 1);
+            last = line.line;
+            n += 1;
+        }
+        n
+    };
+    let (summary, n) = tokio::join!(reader.read_file(&manifest.files[0], 0, tx), count);
+    let summary = summary.unwrap();
+    assert_eq!((summary.lines, summary.malformed), (BIG_ITEMS, 0));
+    (n, status_kb("VmHWM:").saturating_sub(base))
+}
+
+#[test]
+fn a_200k_item_file_streams_in_bounded_memory() {
+    if rerun_alone("export::a_200k_item_file_streams_in_bounded_memory") {
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(streams_in_bounded_memory());
+}
+
+async fn streams_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let written = write_export(
+        dir.path(),
+        "01-big",
+        TABLE_ARN,
+        (0..BIG_ITEMS).map(big_item),
+        1,
+        1_767_225_600_000,
+    )
+    .unwrap();
+    let gz_bytes = std::fs::metadata(dir.path().join(&written.files[0].key))
+        .unwrap()
+        .len();
+    eprintln!(
+        "wrote {BIG_ITEMS} items ({gz_bytes} bytes gzip) in {:?}",
+        t.elapsed()
+    );
+
+    let (reader, manifest) = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let (n, growth) = stream_count(&reader, &manifest).await;
+    eprintln!(
+        "local: {n} lines in {:?}, peak RSS +{growth} KiB",
+        t.elapsed()
+    );
+    assert_eq!(n, BIG_ITEMS);
+    assert!(
+        growth < MAX_GROWTH_KB,
+        "local read grew peak RSS by {growth} KiB"
+    );
+
+    let client = bucket("big").await;
+    upload_dir(&client, "big", "exports", dir.path()).await;
+    let (reader, manifest) = ExportReader::open(
+        ExportLocation::parse("s3://big/exports").unwrap(),
+        Some(client),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let (n, growth) = stream_count(&reader, &manifest).await;
+    eprintln!("s3: {n} lines in {:?}, peak RSS +{growth} KiB", t.elapsed());
+    assert_eq!(n, BIG_ITEMS);
+    assert!(
+        growth < MAX_GROWTH_KB,
+        "S3 read grew peak RSS by {growth} KiB"
+    );
 }

@@ -6,39 +6,24 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::http::HttpResponse;
-use aws_sdk_dynamodb::config::retry::RetryConfig;
-use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials};
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::list_tables::{ListTablesError, ListTablesOutput};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue as AV, BillingMode, KeySchemaElement, KeyType,
-    KeysAndAttributes, PutRequest, ScalarAttributeType, WriteRequest,
-};
-use rekey::local::{LocalOptions, LocalServer};
-use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions};
-use tokio::sync::OnceCell;
+use aws_sdk_dynamodb::types::{AttributeValue as AV, KeysAndAttributes, PutRequest, WriteRequest};
+use rekey::local::LocalServer;
+use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions, ProxyStats};
 
-/// One local server for all tests; each test has its tables.
+use crate::support::client::{create_plain_table, dynamodb_without_retries};
+use crate::support::shared_server;
+
+/// The local server all tests share; each test has its tables.
 async fn local() -> &'static LocalServer {
-    static LOCAL: OnceCell<LocalServer> = OnceCell::const_new();
-    LOCAL
-        .get_or_init(|| async {
-            LocalServer::start(&LocalOptions::default())
-                .await
-                .expect("start the local server (run scripts/install-deps)")
-        })
-        .await
+    shared_server().await
 }
 
+/// A client with retries disabled: every throttle and fault is visible.
 async fn client(endpoint: &str) -> Client {
-    let conf = aws_config::defaults(BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region("us-east-1")
-        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
-        .retry_config(RetryConfig::disabled())
-        .load()
-        .await;
-    Client::new(&conf)
+    dynamodb_without_retries(endpoint).await
 }
 
 fn options(upstream: &str) -> ProxyOptions {
@@ -53,33 +38,10 @@ fn options(upstream: &str) -> ProxyOptions {
     }
 }
 
+/// A table keyed by `PK`, and `SK` with `sort_key`.
 async fn create_table(c: &Client, name: &str, sort_key: bool) {
-    let mut req = c
-        .create_table()
-        .table_name(name)
-        .billing_mode(BillingMode::PayPerRequest);
-    let mut keys = vec![("PK", KeyType::Hash)];
-    if sort_key {
-        keys.push(("SK", KeyType::Range));
-    }
-    for (attr, kind) in keys {
-        req = req
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(attr)
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .unwrap(),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name(attr)
-                    .key_type(kind)
-                    .build()
-                    .unwrap(),
-            );
-    }
-    req.send().await.unwrap();
+    let keys: &[&str] = if sort_key { &["PK", "SK"] } else { &["PK"] };
+    create_plain_table(c, name, keys, false).await;
 }
 
 fn s(v: impl Into<String>) -> AV {
@@ -467,46 +429,87 @@ async fn scans_are_charged_after_the_fact_and_reads_per_key() {
         .unwrap();
 }
 
+/// One kind of fault, injected into every request: what the SDK and the
+/// proxy's stats must show after one ListTables through it.
+struct Fault {
+    name: &'static str,
+    faults: Faults,
+    check: fn(ListTablesResult, &ProxyStats, Duration) -> Result<(), String>,
+}
+
+type ListTablesResult = Result<ListTablesOutput, SdkError<ListTablesError, HttpResponse>>;
+
+/// `Err(what)` unless `holds`.
+fn ensure(holds: bool, what: impl std::fmt::Display) -> Result<(), String> {
+    if holds { Ok(()) } else { Err(what.to_string()) }
+}
+
 #[tokio::test]
 async fn faults_are_visible_to_the_sdk() {
     let local = local().await;
-    let errors = Proxy::start(ProxyOptions {
-        faults: Faults {
-            error_500_ratio: 1.0,
-            ..Faults::default()
+    let cases = [
+        Fault {
+            name: "every request a 500",
+            faults: Faults {
+                error_500_ratio: 1.0,
+                ..Faults::default()
+            },
+            check: |r, stats, _| {
+                let e = r.err().ok_or("succeeded")?;
+                let status = e.raw_response().map(|r| r.status().as_u16());
+                ensure(status == Some(500), format!("status {status:?}"))?;
+                ensure(
+                    e.code() == Some("InternalServerError"),
+                    format!("code {:?}", e.code()),
+                )?;
+                ensure(
+                    e.into_service_error().is_internal_server_error(),
+                    "not an InternalServerError",
+                )?;
+                ensure(stats.errors_500 == 1, format!("{stats:?}"))
+            },
         },
-        ..options(local.endpoint())
-    })
-    .await
-    .unwrap();
-    let e = client(&errors.endpoint())
-        .await
-        .list_tables()
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.raw_response().map(|r| r.status().as_u16()), Some(500));
-    assert_eq!(e.code(), Some("InternalServerError"));
-    assert!(e.into_service_error().is_internal_server_error());
-    assert_eq!(errors.stats().errors_500, 1);
-
-    let resets = Proxy::start(ProxyOptions {
-        faults: Faults {
-            reset_ratio: 1.0,
-            ..Faults::default()
+        Fault {
+            name: "every connection reset",
+            faults: Faults {
+                reset_ratio: 1.0,
+                ..Faults::default()
+            },
+            check: |r, stats, _| {
+                let e = r.err().ok_or("succeeded")?;
+                ensure(matches!(e, SdkError::DispatchFailure(_)), format!("{e:?}"))?;
+                ensure(stats.resets == 1, format!("{stats:?}"))
+            },
         },
-        ..options(local.endpoint())
-    })
-    .await
-    .unwrap();
-    let e = client(&resets.endpoint())
+        Fault {
+            name: "300 ms of latency",
+            faults: Faults {
+                latency: Duration::from_millis(300),
+                ..Faults::default()
+            },
+            check: |r, _, took| {
+                r.map_err(|e| format!("{e:?}"))?;
+                ensure(took >= Duration::from_millis(300), format!("took {took:?}"))
+            },
+        },
+    ];
+    let mut failed = Vec::new();
+    for case in cases {
+        let proxy = Proxy::start(ProxyOptions {
+            faults: case.faults,
+            ..options(local.endpoint())
+        })
         .await
-        .list_tables()
-        .send()
-        .await
-        .unwrap_err();
-    assert!(matches!(e, SdkError::DispatchFailure(_)), "{e:?}");
-    assert_eq!(resets.stats().resets, 1);
+        .unwrap();
+        let c = client(&proxy.endpoint()).await;
+        let started = Instant::now();
+        let r = c.list_tables().send().await;
+        let took = started.elapsed();
+        if let Err(why) = (case.check)(r, &proxy.stats(), took) {
+            failed.push(format!("case `{}`: {why}", case.name));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 
     // Same seed, same faults.
     let mut runs = Vec::new();
@@ -539,24 +542,6 @@ async fn faults_are_visible_to_the_sdk() {
         "{}",
         runs[0]
     );
-
-    let slow = Proxy::start(ProxyOptions {
-        faults: Faults {
-            latency: Duration::from_millis(300),
-            ..Faults::default()
-        },
-        ..options(local.endpoint())
-    })
-    .await
-    .unwrap();
-    let started = Instant::now();
-    client(&slow.endpoint())
-        .await
-        .list_tables()
-        .send()
-        .await
-        .unwrap();
-    assert!(started.elapsed() >= Duration::from_millis(300));
 }
 
 #[tokio::test]

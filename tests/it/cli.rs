@@ -1,0 +1,300 @@
+//! The errors people meet, through the real binary: malformed plans, bad
+//! sample files, unreachable endpoints — each with a clear message and the
+//! documented exit code. The failures are one table of cases
+//! ([`the_errors_people_meet_exit_with_their_code_and_say_why`]), each named.
+
+use std::path::Path;
+
+use crate::support::*;
+
+#[test]
+fn every_example_plan_passes_check() {
+    let dir = repo_path("plans");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "toml") {
+            let out = rekey_with_env(&["check", p.to_str().unwrap()], &[]);
+            assert!(out.status.success(), "{}: {}", p.display(), stderr(&out));
+            assert!(stdout(&out).contains(": OK"), "{}", stdout(&out));
+            let first = std::fs::read_to_string(&p).unwrap();
+            assert!(
+                first.starts_with("# Access pattern fixed:"),
+                "{} opens with its access pattern",
+                p.display()
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 5, "at least five example plans, found {n}");
+}
+
+#[test]
+fn check_shows_sample_items_before_and_after_and_why_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = dir.path().join("sample.jsonl");
+    std::fs::write(
+        &sample,
+        concat!(
+            r#"{"Item":{"PK":{"S":"TENANT#acme#DAY#2026-07-07"},"SK":{"S":"ORDER#o-1"},"total":{"N":"12.50"}}}"#,
+            "\n",
+            r#"{"PK":{"S":"USER#1"},"SK":{"S":"PROFILE"}}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let plan = repo_path("plans/tenant-day-shard.toml");
+    let out = rekey_with_env(
+        &[
+            "check",
+            plan.to_str().unwrap(),
+            "--sample",
+            sample.to_str().unwrap(),
+            "--show-keys",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let shard = rekey::core::hash::shard(rekey::core::hash::HashFn::Fnv1a32, "o-1", 16);
+    assert!(
+        text.contains(&format!("TENANT#acme#DAY#2026-07-07#SHARD#{shard:02}")),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""total":{"N":"12.50"}"#),
+        "numbers keep their text: {text}"
+    );
+    assert!(
+        text.contains("line 2: REJECT — no rule matched the item"),
+        "{text}"
+    );
+    assert!(text.contains("2 items: 1 put, 1 rejected"), "{text}");
+
+    // By default key values are hashed; the plan's shapes, the shard and other attributes stay.
+    let out = rekey_with_env(
+        &[
+            "check",
+            plan.to_str().unwrap(),
+            "--sample",
+            sample.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let tok = rekey::ops::redact::token;
+    assert!(
+        text.contains(&format!(
+            "TENANT#{}#DAY#{}#SHARD#{shard:02}",
+            tok("acme"),
+            tok("2026-07-07"),
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("acme") && !text.contains("o-1"), "{text}");
+    assert!(text.contains(r#""total":{"N":"12.50"}"#), "{text}");
+}
+
+#[test]
+fn control_writes_the_control_file_and_says_so_in_json() {
+    let plan = repo_path("plans/tenant-day-shard.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "control",
+            plan.to_str().unwrap(),
+            "--state-dir",
+            dir.path().to_str().unwrap(),
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        rekey_with_env(&a, &[])
+    };
+    let out = args(&["--pause", "--write-rate", "250"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["paused"].clone(), v["write_rate"].clone()),
+        (true.into(), 250.0.into())
+    );
+    let out = args(&["--resume"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["paused"], false);
+    assert_eq!(v["write_rate"], 250.0, "kept from the earlier call");
+}
+
+/// A command that must fail: what it runs, its exit code, and what it says.
+struct Case {
+    /// Names the case when it fails: the test it was, where it was one.
+    name: &'static str,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    code: i32,
+    /// Each of these is in stderr.
+    stderr: Vec<String>,
+    /// Each of these is in stdout.
+    stdout: Vec<String>,
+}
+
+impl Case {
+    fn new(name: &'static str, args: &[&str], code: i32) -> Case {
+        Case {
+            name,
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: Vec::new(),
+            code,
+            stderr: Vec::new(),
+            stdout: Vec::new(),
+        }
+    }
+    fn env(mut self, k: &'static str, v: &str) -> Case {
+        self.env.push((k, v.to_string()));
+        self
+    }
+    fn stderr(mut self, text: impl Into<String>) -> Case {
+        self.stderr.push(text.into());
+        self
+    }
+    fn stdout(mut self, text: impl Into<String>) -> Case {
+        self.stdout.push(text.into());
+        self
+    }
+}
+
+/// Runs every case (`rekey ARGS` with fake credentials and no endpoint of
+/// the caller's), then fails naming each case that did not hold and why.
+fn check(cases: &[Case]) {
+    let mut failed = Vec::new();
+    for c in cases {
+        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = c.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let out = rekey_with_env(&args, &env);
+        let (o, e) = (stdout(&out), stderr(&out));
+        let mut why = Vec::new();
+        if out.status.code() != Some(c.code) {
+            why.push(format!("exit {:?}, not {}", out.status.code(), c.code));
+        }
+        why.extend(
+            c.stderr
+                .iter()
+                .filter(|t| !e.contains(t.as_str()))
+                .map(|t| format!("stderr lacks {t:?}")),
+        );
+        why.extend(
+            c.stdout
+                .iter()
+                .filter(|t| !o.contains(t.as_str()))
+                .map(|t| format!("stdout lacks {t:?}")),
+        );
+        if !why.is_empty() {
+            failed.push(format!(
+                "case `{}` (rekey {}): {}\n--- stdout:\n{o}--- stderr:\n{e}",
+                c.name,
+                args.join(" "),
+                why.join("; ")
+            ));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failed.len(),
+        cases.len(),
+        failed.join("\n")
+    );
+}
+
+/// A copy of plans/tenant-day-shard.toml with two errors: its text.
+fn malformed_plan(p: &Path) -> String {
+    let text = std::fs::read_to_string(repo_path("plans/tenant-day-shard.toml"))
+        .unwrap()
+        .replace("shard(order_id, 16)", "shard(order_id, 0)")
+        .replace(
+            "key = { PK = \"TENANT#{tenant}\", SK = \"PROFILE\" }",
+            "key = { PK = \"TENANT#{tenant}\", SK = \"{nope}\" }",
+        );
+    std::fs::write(p, &text).unwrap();
+    text
+}
+
+/// `line:column` (from 1) of the first `what` on the first line holding `line_has`.
+fn position(text: &str, line_has: &str, what: &str) -> String {
+    let line = text.lines().position(|l| l.contains(line_has)).unwrap() + 1;
+    let col = text.lines().nth(line - 1).unwrap().find(what).unwrap() + 1;
+    format!("{line}:{col}")
+}
+
+#[test]
+fn the_errors_people_meet_exit_with_their_code_and_say_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let example = repo_path("plans/tenant-day-shard.toml");
+    let example = example.to_str().unwrap();
+    let in_place = repo_path("plans/status-gsi-in-place.toml");
+
+    let bad = path("bad.toml");
+    let text = malformed_plan(Path::new(&bad));
+    let sample = path("sample.jsonl");
+    std::fs::write(&sample, "{\"PK\":{\"S\":\"x\"}}\n{\"PK\":{\"Z\":1}}\n").unwrap();
+    // A port nothing listens on.
+    let url = dead_endpoint();
+
+    check(&[
+        Case::new("bad_arguments_exit_2: no plan", &["analyze"], 2),
+        Case::new(
+            "bad_arguments_exit_2: a plan that cannot be read",
+            &["check", "/nonexistent/plan.toml"],
+            2,
+        )
+        .stderr("/nonexistent/plan.toml: cannot read"),
+        Case::new(
+            "a_malformed_plan_exits_2_with_file_line_and_column",
+            &["check", &bad],
+            2,
+        )
+        .stderr(format!(
+            "bad.toml:{}: shard count must be at least 1",
+            position(&text, "shard(order_id, 0)", "0)")
+        ))
+        // Both errors, in file order.
+        .stderr(format!(
+            "bad.toml:{}: `nope` is not captured by rule `tenant-profile` (it captures `tenant`",
+            position(&text, "{nope}", "{nope}")
+        )),
+        Case::new(
+            "an unreadable sample line is bad input",
+            &["check", example, "--sample", &sample],
+            2,
+        )
+        .stdout("sample.jsonl:2: unknown DynamoDB type tag `Z`"),
+        Case::new(
+            "an_unreachable_endpoint_is_named_with_where_it_came_from: --endpoint-url",
+            &["analyze", example, "--endpoint-url", &url],
+            5,
+        )
+        .stderr(format!(
+            "cannot reach DynamoDB at {url} (from --endpoint-url)"
+        )),
+        Case::new(
+            "an_unreachable_endpoint_is_named_with_where_it_came_from: AWS_ENDPOINT_URL",
+            &["analyze", example],
+            5,
+        )
+        .env("AWS_ENDPOINT_URL", &url)
+        .stderr("(from the AWS_ENDPOINT_URL environment variable)"),
+        Case::new(
+            "run_refuses_an_in_place_plan_before_touching_aws",
+            &[
+                "run",
+                in_place.to_str().unwrap(),
+                "--state-dir",
+                &path("state"),
+                "--endpoint-url",
+                "http://127.0.0.1:9",
+            ],
+            2,
+        )
+        .stderr("`rekey run` drives a re-key into a new table"),
+    ]);
+}
