@@ -34,7 +34,7 @@ pub fn render(r: &StatusReport) -> String {
         } else {
             String::new()
         };
-        let rates = if b.done {
+        let rates = if b.done || b.stopped {
             String::new()
         } else {
             format!(
@@ -49,7 +49,11 @@ pub fn render(r: &StatusReport) -> String {
         let _ = writeln!(
             out,
             "backfill  {}{pct}: scanned {}, written {}, rejected {}, skipped {}, collisions {}{rates}",
-            if b.done { "done" } else { "running" },
+            match (b.done, b.stopped) {
+                (true, _) => "done",
+                (false, true) => "stopped",
+                (false, false) => "running",
+            },
             b.scanned,
             b.written,
             b.rejected,

@@ -182,12 +182,16 @@ pub async fn run(
     };
     // Every phase after capture depends on the tail: if it stops (a trimmed
     // stream, a lost permission), say so now rather than time out later.
+    let mut tail_over = false;
     let result = tokio::select! {
         r = phases(clients, plan, opts, progress, &mut report) => r,
-        r = &mut tail_task => match tail_ended(r) {
-            Ok(_) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
-            Err(e) => Err(e),
-        },
+        r = &mut tail_task => {
+            tail_over = true;
+            match tail_ended(r) {
+                Ok(_) => Err(anyhow::anyhow!("the tail stopped before the migration was ready")),
+                Err(e) => Err(e),
+            }
+        }
     };
     let result = match result {
         Ok(()) if report.blocked.is_none() && !opts.exit_when_ready => {
@@ -207,9 +211,11 @@ pub async fn run(
             tailed
         }
         other => {
-            // Stop the tail cleanly: it publishes that it stopped.
-            tail_stop.cancel();
-            let _ = tail_task.await;
+            if !tail_over {
+                // Stop the tail cleanly: it publishes that it stopped.
+                tail_stop.cancel();
+                let _ = tail_task.await;
+            }
             other
         }
     };

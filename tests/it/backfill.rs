@@ -212,7 +212,8 @@ async fn a_second_driver_is_refused_and_pause_holds_writes() {
     let s = setup(3000).await;
     let args = backfill_args(&s, &["--write-rate", "300", "--concurrency", "4"]);
     let mut first = s.env.spawn(&args);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Committed progress: the first driver holds the store's lock.
+    wait_for_progress(&s.state, Duration::from_secs(60)).await;
     let second = s.env.rekey(&args);
     assert_eq!(second.status.code(), Some(1), "{}", stderr(&second));
     assert!(
@@ -237,9 +238,18 @@ async fn a_second_driver_is_refused_and_pause_holds_writes() {
             flag,
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
     };
-    control("--pause");
-    tokio::time::sleep(Duration::from_millis(2000)).await; // the poll interval plus in-flight writes
+    // `--pause` returns once the backfill says it is paused with no write in
+    // flight: from then on the target does not change (watched for 2.5 s).
+    let said = control("--pause");
+    assert!(
+        said.contains(&format!(
+            "paused: the backfill (pid {}) has no write in flight",
+            first.id()
+        )),
+        "{said}"
+    );
     let a = s.env.scan_all(&s.target).await.len();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let b = s.env.scan_all(&s.target).await.len();
@@ -257,6 +267,64 @@ async fn a_second_driver_is_refused_and_pause_holds_writes() {
     assert!(out.status.success());
     let status = first.wait().unwrap();
     assert!(status.success());
+    assert_exact(&s).await;
+}
+
+/// Regression for "no Ctrl-C handling": SIGTERM in the middle of a backfill
+/// finishes the pages in flight, checkpoints them and says it stopped (exit
+/// 143, status `stopped`); the rerun repeats none of the checkpointed pages
+/// (kill -9 repeats the pages in flight: this must not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_backfill_checkpoints_and_the_rerun_repeats_no_checkpointed_page() {
+    let s = setup(3000).await;
+    let args = backfill_args(&s, &["--write-rate", "300"]);
+    let first = s.env.spawn(&args);
+    wait_for_progress(&s.state, Duration::from_secs(60)).await;
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(first.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = first.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopped"), "{}", stderr(&out));
+
+    let status = s.env.rekey(&[
+        "status",
+        s.plan_path.to_str().unwrap(),
+        "--state-dir",
+        s.state.to_str().unwrap(),
+        "--json",
+    ]);
+    let status: Json = serde_json::from_slice(&status.stdout).unwrap();
+    let b = &status["backfill"];
+    assert_eq!(b["stopped"], true, "{status}");
+    let checkpointed = b["scanned"].as_u64().unwrap();
+    assert!(
+        checkpointed > 0 && checkpointed < s.items.len() as u64,
+        "stopped mid-run: {checkpointed} of {}",
+        s.items.len()
+    );
+    let text = s.env.rekey(&[
+        "status",
+        s.plan_path.to_str().unwrap(),
+        "--state-dir",
+        s.state.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&text).contains("backfill  stopped"),
+        "{}",
+        stdout(&text)
+    );
+
+    let out = s.env.rekey(&backfill_args(&s, &["--write-rate", "100000"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report(&out);
+    assert_eq!(r["resumed"], true);
+    assert_eq!(
+        checkpointed + r["this_run"]["scanned"].as_u64().unwrap(),
+        s.items.len() as u64,
+        "every item scanned once over both runs: no checkpointed page repeated"
+    );
     assert_exact(&s).await;
 }
 

@@ -13,6 +13,7 @@ mod analyze;
 mod architecture;
 mod backfill;
 mod cli;
+mod demo;
 mod endpoints;
 mod export;
 mod inplace;

@@ -292,3 +292,70 @@ async fn run_stops_with_the_tails_error_when_the_tail_cannot_run() {
         stderr(&out)
     );
 }
+
+/// The tail status `rekey status` reads, once it exists.
+async fn tail_status(state: &std::path::Path) -> serde_json::Value {
+    let path = rekey::state::StateDir::new(state).tail_snapshot();
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+        {
+            return v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no tail status at {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn signal(child: &std::process::Child, sig: libc::c_int) {
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Regression for "run aborts its tail task, so the tail's stopped status is
+/// never published": SIGTERM to `rekey tail` and Ctrl-C (SIGINT) to `rekey
+/// run` each stop the tail cleanly: exit 143 / 130, and the tail's status
+/// says it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_stops_the_tail_cleanly_alone_and_inside_run() {
+    let o = Orders::start(seed(300)).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+
+    let tail = o
+        .env
+        .spawn(&["tail", plan_s, "--state-dir", state_s, "--json"]);
+    assert_eq!(tail_status(&o.state).await["stopped"], false);
+    signal(&tail, libc::SIGTERM);
+    let out = tail.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert_eq!(tail_status(&o.state).await["stopped"], true);
+
+    // `run` starts its own tail (the status file is rewritten as it starts).
+    std::fs::remove_file(rekey::state::StateDir::new(&o.state).tail_snapshot()).unwrap();
+    let run = o.env.spawn(&[
+        "run",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--skip-analyze",
+        "--write-rate",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(tail_status(&o.state).await["stopped"], false);
+    signal(&run, libc::SIGINT);
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert_eq!(
+        tail_status(&o.state).await["stopped"],
+        true,
+        "run's tail said it stopped"
+    );
+}

@@ -3,9 +3,7 @@
 //! loads the skewed table, migrates it while its application writes, cuts
 //! over, finishes, and prints the before/after as one JSON object.
 
-mod support;
-
-use support::*;
+use crate::support::*;
 
 #[test]
 fn the_demo_migrates_a_skewed_table_under_live_writes_and_says_so() {
