@@ -291,7 +291,7 @@ pub async fn run(cli: Cli, stop: CancellationToken) -> anyhow::Result<i32> {
             let progress = progress::new(stream_mode(quiet, a.json));
             if plan.mode == crate::core::plan::Mode::InPlace {
                 let report =
-                    crate::phase::inplace::verify::run(&clients, &plan, &opts, &progress).await?;
+                    crate::phase::verify::inplace::run(&clients, &plan, &opts, &progress).await?;
                 if a.json {
                     print_done(&report)?;
                 } else {

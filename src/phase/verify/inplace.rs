@@ -1,0 +1,205 @@
+//! `rekey verify` on an in-place plan: every item's computed attributes are
+//! what the plan gives for its current inputs.
+//!
+//! One Scan; an item that differs is a candidate, appended to a file (not
+//! kept in memory). Once the tail has applied every write up to the end of the
+//! Scan (plus a second), each candidate is read again, consistently: gone or
+//! now right → resolved (it was in flight); still wrong → different. If the
+//! tail is not keeping up, candidates are unconfirmed. Not checkpointed: a
+//! rerun scans again (an in-place verify reads each item once, no target).
+
+use std::io::{BufRead as _, Write as _};
+use std::sync::{Arc, Mutex};
+
+use chrono::Utc;
+
+use crate::aws::Clients;
+use crate::aws::rate::Control;
+use crate::core::plan::Plan;
+use serde::Serialize;
+
+use super::{TailWait, VerifyOptions, wait_for_tail};
+use crate::aws::item;
+use crate::aws::scan::{self, ScanOptions};
+use crate::core::value::Item;
+use crate::phase::error::InputError;
+use crate::phase::inplace::*;
+use crate::phase::progress::Progress;
+use crate::state::snapshot::{Counts, VerifyResult};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InPlaceVerifyReport {
+    #[serde(flatten)]
+    pub result: VerifyResult,
+    /// Candidates that were in flight and came right.
+    pub resolved: u64,
+    pub mismatches_file: String,
+    pub notes: Vec<String>,
+}
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &VerifyOptions,
+    progress: &Progress,
+) -> anyhow::Result<InPlaceVerifyReport> {
+    let started_at = Utc::now();
+    let table = clients.describe_table(&plan.source_table).await?;
+    table.check_key(&plan.source_key, "source")?;
+    let read_rate = opts
+        .read_rate
+        .map(|r| r.resolve(&table.name, table.provisioned_read, "read"))
+        .transpose()
+        .map_err(InputError)?;
+    std::fs::create_dir_all(opts.state_dir.verify_store())?;
+    let candidates_path = opts.state_dir.in_place_candidates();
+    let candidates = Arc::new(Mutex::new(std::io::BufWriter::new(std::fs::File::create(
+        &candidates_path,
+    )?)));
+    let counts = Arc::new(Mutex::new(Counts::default()));
+    progress.start("verify", Some(table.item_count));
+    let scan_opts = ScanOptions {
+        table: table.name.clone(),
+        segments: opts
+            .segments
+            .unwrap_or_else(|| scan::default_segments(table.size_bytes, 4)),
+        page_limit: opts.page_limit,
+        consistent_read: false,
+        stop: tokio_util::sync::CancellationToken::new(),
+    };
+    {
+        let (plan, candidates, counts, progress) = (
+            Arc::new(plan.clone()),
+            candidates.clone(),
+            counts.clone(),
+            progress.clone(),
+        );
+        scan::scan(
+            clients,
+            &scan_opts,
+            Vec::new(),
+            Arc::new(Control::new(read_rate, None)),
+            move |page| {
+                let (plan, candidates, counts, progress) = (
+                    plan.clone(),
+                    candidates.clone(),
+                    counts.clone(),
+                    progress.clone(),
+                );
+                async move {
+                    let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut f = candidates.lock().unwrap_or_else(|e| e.into_inner());
+                    for item in &page.items {
+                        c.scanned += 1;
+                        match check_item(&plan, item) {
+                            None => c.matched += 1,
+                            Some(d) => {
+                                c.pending += 1;
+                                serde_json::to_writer(&mut *f, &d.key)?;
+                                writeln!(f)?;
+                            }
+                        }
+                    }
+                    progress.update(c.scanned, page.consumed);
+                    anyhow::Ok(())
+                }
+            },
+        )
+        .await?;
+    }
+    progress.finish();
+    candidates
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .flush()?;
+    let scanned_by = Utc::now();
+    let mut c = *counts.lock().unwrap_or_else(|e| e.into_inner());
+    let mut notes = Vec::new();
+    let mut resolved = 0;
+    let mismatches_path = opts.state_dir.mismatches();
+    let mut mismatches = std::io::BufWriter::new(std::fs::File::create(&mismatches_path)?);
+    if c.pending > 0 {
+        let wait = wait_for_tail(
+            &opts.state_dir,
+            scanned_by + chrono::Duration::seconds(1),
+            opts.recheck_timeout,
+            opts.stale_after,
+        )
+        .await;
+        if wait == TailWait::NoTail {
+            notes.push(
+                "no tail status: re-checked at once, assuming the application stopped writing"
+                    .into(),
+            );
+        }
+        let behind = match &wait {
+            TailWait::Behind(why) => {
+                notes.push(why.clone());
+                true
+            }
+            _ => false,
+        };
+        let control = Control::new(read_rate, None);
+        let file = std::io::BufReader::new(std::fs::File::open(&candidates_path)?);
+        for line in file.lines() {
+            let key: Item = serde_json::from_str(&line?)?;
+            c.pending -= 1;
+            let current = if behind {
+                None
+            } else {
+                let name = table.name.as_str();
+                let out = retried(&control, name, opts.max_retries, || {
+                    item::get_item(clients, name, &key, true)
+                })
+                .await?;
+                Some(out)
+            };
+            let (kind, diff) = match current {
+                None => ("unconfirmed", None),
+                Some(None) => ("resolved", None),
+                Some(Some(item)) => match check_item(plan, &item) {
+                    None => ("resolved", None),
+                    Some(d) => ("different", Some(d)),
+                },
+            };
+            match kind {
+                "resolved" => {
+                    resolved += 1;
+                    c.matched += 1;
+                    continue;
+                }
+                "unconfirmed" => c.unconfirmed += 1,
+                _ => c.different += 1,
+            }
+            serde_json::to_writer(
+                &mut mismatches,
+                &serde_json::json!({
+                    "kind": kind,
+                    "key": &key,
+                    "attributes": diff.map(|d| d.attrs.iter().map(|a| a.attr.clone()).collect::<Vec<_>>()),
+                }),
+            )?;
+            writeln!(mismatches)?;
+        }
+    }
+    mismatches.flush()?;
+    let _ = std::fs::remove_file(&candidates_path);
+    anyhow::ensure!(c.accounted(), "verify counters do not add up: {c:?}");
+    let result = VerifyResult {
+        source_table: plan.source_table.clone(),
+        target_table: plan.target_table.clone(),
+        plan_fingerprint: plan.fingerprint.clone(),
+        started_at,
+        finished_at: Utc::now(),
+        clean: c.differences() == 0,
+        sample_percent: None,
+        counts: c,
+    };
+    crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &result)?;
+    Ok(InPlaceVerifyReport {
+        result,
+        resolved,
+        mismatches_file: mismatches_path.display().to_string(),
+        notes,
+    })
+}

@@ -1,0 +1,366 @@
+//! The re-check that turns a candidate into a difference, or not: rounds
+//! gated on the tail's `applied_through`, with the stream watch counting the
+//! writes between reads (ARCHITECTURE.md, "Verify: no false alarms").
+
+use super::*;
+
+// ---- the tail's status --------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TailWait {
+    /// The tail has applied every source write up to the instant asked for.
+    CaughtUp,
+    /// No status file: no tail runs; the re-check assumes writes have stopped.
+    NoTail,
+    /// Stale status or timeout: candidates cannot be settled.
+    Behind(String),
+}
+
+/// Wait until the tail has applied every source write before `through`.
+pub async fn wait_for_tail(
+    state_dir: &StateDir,
+    through: DateTime<Utc>,
+    timeout: Duration,
+    stale_after: Duration,
+) -> TailWait {
+    let path = state_dir.tail_snapshot();
+    let start = Instant::now();
+    loop {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return TailWait::NoTail,
+            Err(e) => return TailWait::Behind(format!("cannot read {}: {e}", path.display())),
+        };
+        // A half-written file cannot happen (tmp + rename); an unreadable one is a
+        // tail of another version: treat it as not keeping up.
+        let status: Option<crate::state::snapshot::TailStatus> = serde_json::from_str(&text).ok();
+        if status.as_ref().is_some_and(|s| s.stopped) {
+            return TailWait::NoTail;
+        }
+        let applied_through = status.as_ref().and_then(|s| s.applied_through);
+        if let Some(s) = &status {
+            let updated = s.updated_at;
+            let age = (Utc::now() - updated).to_std().unwrap_or_default();
+            if age > stale_after {
+                return TailWait::Behind(format!(
+                    "the tail is not running: {} was last updated {:.0} s ago",
+                    path.display(),
+                    age.as_secs_f64()
+                ));
+            }
+            if applied_through.is_some_and(|t| t >= through) {
+                return TailWait::CaughtUp;
+            }
+        }
+        if start.elapsed() >= timeout {
+            let at = applied_through.map_or("nothing yet".to_string(), |t| t.to_rfc3339());
+            return TailWait::Behind(format!(
+                "the tail is not keeping up: after {:.0} s it has applied through {at}, the re-check needs {}",
+                timeout.as_secs_f64(),
+                through.to_rfc3339()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The verdict of a re-check.
+#[derive(Debug)]
+pub(super) enum Verdict {
+    /// Transient: the target caught up (or the source item went away).
+    Resolved,
+    Confirmed(Mismatch),
+    Unconfirmed(Mismatch, String),
+}
+
+/// Re-check forward candidates (see ARCHITECTURE.md for why this is sound):
+/// round by round, after the tail has applied the source writes up to the
+/// previous read plus a margin, read the target and then the source
+/// (consistently). Equal: transient. Different with a source item unchanged
+/// since the previous round — same value, and no write counted by the stream
+/// watch in between: confirmed. Without a tail, one immediate round.
+pub(super) async fn recheck_forward(
+    ctx: &Ctx,
+    cands: Vec<Mismatch>,
+    watcher: Option<&Watcher>,
+) -> anyhow::Result<Vec<Verdict>> {
+    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
+    struct Open {
+        cand: Mismatch,
+        /// The target key to read this round.
+        tk: Item,
+        /// The source item as the previous round read it (None: absent).
+        prev: Option<Option<Item>>,
+        /// Writes to the source item the watch had seen before that read.
+        prev_writes: Option<u64>,
+        verdict: Option<Verdict>,
+    }
+    let mut open: Vec<Open> = cands
+        .into_iter()
+        .map(|c| Open {
+            tk: c.target_key.clone().unwrap_or_default(),
+            cand: c,
+            prev: None,
+            prev_writes: None,
+            verdict: None,
+        })
+        .collect();
+    let mut through = open
+        .iter()
+        .map(|o| o.cand.found_at_ms)
+        .max()
+        .map_or_else(Utc::now, ms_to_time)
+        + MARGIN;
+    let mut tail = true;
+    for _round in 0..MAX_ROUNDS {
+        if open.iter().all(|o| o.verdict.is_some()) {
+            break;
+        }
+        if tail {
+            match ctx.wait_tail(through).await {
+                TailWait::CaughtUp => {}
+                TailWait::NoTail => tail = false,
+                TailWait::Behind(why) => {
+                    for o in open.iter_mut().filter(|o| o.verdict.is_none()) {
+                        o.verdict = Some(Verdict::Unconfirmed(o.cand.clone(), why.clone()));
+                    }
+                    break;
+                }
+            }
+        }
+        let live: Vec<usize> = (0..open.len())
+            .filter(|&i| open[i].verdict.is_none())
+            .collect();
+        let tkeys: Vec<Item> = live.iter().map(|&i| open[i].tk.clone()).collect();
+        let targets = ctx.get(true, &tkeys, true).await?;
+        let skeys: Vec<Item> = live
+            .iter()
+            .map(|&i| open[i].cand.source_key.clone().unwrap_or_default())
+            .collect();
+        // Between the target read and the source read: the watch's count of
+        // writes to each item, so the next round knows whether any came between.
+        let writes = match watcher {
+            Some(w) => match w.wait(Utc::now(), ctx.opts.recheck_timeout).await {
+                Ok(()) => Some(ctx.ledger.lock().await.writes(&skeys, &sn)?),
+                Err(why) => {
+                    ctx.note(why.clone());
+                    for &i in &live {
+                        let o = &mut open[i];
+                        o.verdict = Some(Verdict::Unconfirmed(o.cand.clone(), why.clone()));
+                    }
+                    break;
+                }
+            },
+            None => None,
+        };
+        let sources = ctx.get(false, &skeys, true).await?;
+        through = Utc::now() + MARGIN;
+        for (n, i) in live.into_iter().enumerate() {
+            let o = &mut open[i];
+            let seen = writes.as_ref().map(|w| w[n]);
+            let sk = encode_key(o.cand.source_key.as_ref().unwrap_or(&Item::new()), &sn);
+            let src = sk.and_then(|k| sources.get(&k).cloned());
+            let expected = match src.as_ref().map(|s| transform(&ctx.plan, s)) {
+                Some(Outcome::Put { item, .. }) => item,
+                // Gone, or no longer mapped: nothing is expected of the target here.
+                _ => {
+                    o.verdict = Some(Verdict::Resolved);
+                    continue;
+                }
+            };
+            let new_tk = key_item(&expected, &tn);
+            if new_tk != o.tk {
+                // The item moved to another target key: read that one next round.
+                o.tk = new_tk;
+                o.prev = Some(src);
+                o.prev_writes = seen;
+                continue;
+            }
+            let actual = encode_key(&o.tk, &tn).and_then(|k| targets.get(&k));
+            if actual == Some(&expected) {
+                o.verdict = Some(Verdict::Resolved);
+                continue;
+            }
+            // Unchanged since the previous round: the same value, and (with a
+            // watch) no write at all — an A→B→A rewrite reads the same.
+            let stable = !tail
+                || (o.prev.as_ref() == Some(&src) && (seen.is_none() || o.prev_writes == seen));
+            if stable {
+                let mut m = o.cand.clone();
+                m.target_key = Some(o.tk.clone());
+                (m.kind, m.attributes) = match actual {
+                    Some(t) => (Kind::Different, differing_attributes(&expected, t)),
+                    None => (Kind::Missing, Vec::new()),
+                };
+                o.verdict = Some(Verdict::Confirmed(m));
+            } else {
+                o.prev = Some(src);
+                o.prev_writes = seen;
+            }
+        }
+    }
+    Ok(open
+        .into_iter()
+        .map(|o| {
+            o.verdict.unwrap_or_else(|| {
+                Verdict::Unconfirmed(
+                    o.cand,
+                    "the source item kept changing during the re-check".into(),
+                )
+            })
+        })
+        .collect())
+}
+
+pub(super) fn unconfirmed(mut m: Mismatch, why: String) -> Mismatch {
+    m.suspected = Some(m.kind);
+    m.kind = Kind::Unconfirmed;
+    m.reason = Some(why);
+    m
+}
+
+/// Settle every forward candidate, a batch at a time, each batch committed,
+/// under a stream watch that counts writes to the candidates' source items.
+pub(super) async fn recheck_forward_all(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
+    if ctx.ledger.lock().await.counts.pending == 0 {
+        return Ok(());
+    }
+    ctx.ledger.lock().await.store.remove_prefix(WRITES)?;
+    let watcher = Watcher::start(ctx).await?;
+    settle_forward(ctx, watcher.as_ref()).await
+}
+
+/// The next candidates to settle (up to one BatchGetItem's worth).
+pub(super) async fn next_candidates(
+    ctx: &Ctx,
+    prefix: &str,
+) -> anyhow::Result<Vec<(String, Mismatch)>> {
+    let l = ctx.ledger.lock().await;
+    Ok(l.store
+        .iter_prefix::<Mismatch>(prefix)
+        .take(GET_BATCH)
+        .collect::<Result<_, _>>()?)
+}
+
+pub(super) async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyhow::Result<()> {
+    loop {
+        let batch = next_candidates(ctx, CAND).await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (keys, cands): (Vec<String>, Vec<Mismatch>) = batch.into_iter().unzip();
+        let verdicts = recheck_forward(ctx, cands, watcher).await?;
+        let mut delta = Counts::default();
+        let mut b = StoreBatch::default();
+        for (key, v) in keys.iter().zip(verdicts) {
+            b.remove(key);
+            delta.pending = delta.pending.wrapping_sub(1);
+            let id = &key[CAND.len()..];
+            match v {
+                Verdict::Resolved => {
+                    delta.matched += 1;
+                    delta.resolved += 1;
+                }
+                Verdict::Confirmed(m) => {
+                    match m.kind {
+                        Kind::Missing => delta.missing += 1,
+                        _ => delta.different += 1,
+                    }
+                    b.put(&format!("{MM}f{id}"), &m)?;
+                }
+                Verdict::Unconfirmed(m, why) => {
+                    delta.unconfirmed += 1;
+                    b.put(&format!("{MM}f{id}"), &unconfirmed(m, why))?;
+                }
+            }
+        }
+        ctx.ledger.lock().await.commit(b, &delta)?;
+    }
+}
+
+/// The stream watch, polled in the background; touches go into the verify
+/// store before `through` moves past them.
+pub(super) struct Watcher {
+    pub(super) state: Arc<std::sync::Mutex<WatchState>>,
+    pub(super) task: tokio::task::JoinHandle<()>,
+}
+
+pub(super) struct WatchState {
+    pub(super) through: f64,
+    pub(super) error: Option<String>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Watcher {
+    /// A watch from now on, polled in the background until dropped; None when
+    /// the source has no stream.
+    pub(super) async fn start(ctx: &Arc<Ctx>) -> anyhow::Result<Option<Watcher>> {
+        Ok(crate::phase::watch::Watch::start(&ctx.clients, &ctx.plan)
+            .await?
+            .map(|w| Watcher::spawn(ctx.clone(), w)))
+    }
+
+    pub(super) fn spawn(ctx: Arc<Ctx>, mut watch: crate::phase::watch::Watch) -> Watcher {
+        let state = Arc::new(std::sync::Mutex::new(WatchState {
+            through: f64::NEG_INFINITY,
+            error: None,
+        }));
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            let sn = ctx.src_names();
+            loop {
+                let step: anyhow::Result<f64> = async {
+                    let touches = watch.poll().await?;
+                    if !touches.is_empty() {
+                        ctx.ledger.lock().await.record_touches(&touches, &sn)?;
+                    }
+                    Ok(watch.through())
+                }
+                .await;
+                let stopped = {
+                    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match step {
+                        Ok(t) => s.through = t,
+                        Err(e) => s.error = Some(format!("the stream watch stopped: {e:#}")),
+                    }
+                    s.error.is_some()
+                };
+                if stopped {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Watcher { state, task }
+    }
+
+    /// Wait until the watch has read every write before `t`.
+    pub(super) async fn wait(&self, t: DateTime<Utc>, timeout: Duration) -> Result<(), String> {
+        let want = t.timestamp_millis() as f64 / 1000.0;
+        let start = Instant::now();
+        loop {
+            {
+                let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(e) = &s.error {
+                    return Err(e.clone());
+                }
+                if s.through >= want {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() >= timeout {
+                return Err(format!(
+                    "the stream watch did not reach {} within {:.0} s",
+                    t.to_rfc3339(),
+                    timeout.as_secs_f64()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
