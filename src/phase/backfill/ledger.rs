@@ -1,0 +1,39 @@
+//! A backfill's books: counters, the rejects file and resume points,
+//! committed together, one page at a time.
+
+use super::*;
+
+/// Shared state of a run: counters, rejects file, checkpoint commits.
+pub(super) struct Ledger {
+    pub(super) keys: Keys,
+    pub(super) store: StateStore,
+    pub(super) claims: Claims,
+    pub(super) totals: Counters,
+    pub(super) this_run: Counters,
+    pub(super) rejects: RejectsFile,
+}
+
+impl Ledger {
+    /// Commit one page: its rejects, counters and resume point, atomically.
+    pub(super) fn commit(
+        &mut self,
+        key: &str,
+        state: &serde_json::Value,
+        page: &Counters,
+        rejects: &[(Item, String)],
+    ) -> anyhow::Result<()> {
+        for (item, reason) in rejects {
+            self.rejects.write(item, reason)?;
+        }
+        let len = self.rejects.flush_len()?;
+        self.totals.add(page);
+        self.this_run.add(page);
+        self.store.put_batch(&[
+            (key, state.clone()),
+            (&self.keys.counters(), serde_json::to_value(self.totals)?),
+            (&self.keys.rejects_len(), serde_json::to_value(len)?),
+        ])?;
+        self.store.flush()?;
+        Ok(())
+    }
+}

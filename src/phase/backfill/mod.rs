@@ -1,0 +1,361 @@
+//! `rekey backfill`: copy every existing source item into the target, in the
+//! new key shape, at the capacity the operator grants, resumable after kill -9.
+//!
+//! The data path: a parallel Scan (or an S3 export) yields pages; each item
+//! goes through the pure [`transform`]; each target key is claimed in the
+//! on-disk [`crate::state::claims`] index (a second source item claiming it is a
+//! collision: rejected, never written); the page's items are written with
+//! BatchWriteItem, interleaved across target keys and paced per key; when
+//! every write of a page is acknowledged, the page's resume point, the
+//! counters and the rejects file's length are committed in one batch.
+//!
+//! Backfill writes are plain puts of the image the Scan read. They may be
+//! older than the source by the time they land; the tail fixes that, because
+//! it applies every change made since before the backfill started, in order,
+//! and only after the backfill is complete (ARCHITECTURE.md, "Backfill and
+//! tail converge").
+//!
+//! In place (the plan's target is its source), the same scan, ledger and
+//! checkpoints drive a different write: one conditional UpdateItem of just the
+//! computed attributes per item that needs it ([`crate::phase::inplace`]), and
+//! `rekey undo` runs the same loop backwards under checkpoint keys of its own.
+//!
+//! Invariant: for every page committed, scanned = written + rejected +
+//! skipped, counted once (counters move only with their page's checkpoint,
+//! and the rejects file is truncated back to the committed length on resume).
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::state::StateDir;
+use crate::state::claims::Claims;
+use anyhow::Context as _;
+use futures::stream::{self, StreamExt};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::aws::Clients;
+use crate::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader, S3Client};
+use crate::aws::rate::{Control, Rate, ThrottleStats};
+use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
+use crate::aws::write::{BATCH, write_batch};
+use crate::core::plan::{Mode, Plan};
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
+use crate::phase::error::{InputError, Stopped};
+use crate::phase::inplace::{self, Applied, Direction};
+use crate::phase::progress::Progress;
+use crate::state::control::ControlFile;
+use crate::state::rejects::RejectsFile;
+use crate::state::{BackfillStage, StateStore};
+
+mod ledger;
+mod page;
+mod source;
+mod status;
+mod writer;
+
+use ledger::*;
+use page::*;
+use source::*;
+use status::*;
+use writer::*;
+
+use crate::aws::TableInfo;
+use crate::state::snapshot::BackfillStatus;
+
+#[derive(Debug, Clone)]
+pub struct BackfillOptions {
+    pub state_dir: StateDir,
+    pub rejects: PathBuf,
+    /// Scan segments; fixed by the first run (resume points belong to a segment count).
+    pub segments: Option<u32>,
+    pub page_limit: Option<i32>,
+    /// For the Scan; None: unlimited.
+    pub read_rate: Option<Rate>,
+    /// For the target.
+    pub write_rate: Rate,
+    /// WCU/s for any one target partition-key value.
+    pub key_write_rate: u32,
+    /// Writes in flight at once.
+    pub concurrency: usize,
+    /// Consecutive non-throttle failures of one write before the run stops.
+    pub max_retries: u32,
+    /// Read this export (`s3://bucket/prefix` or a local directory) instead of scanning.
+    pub from_export: Option<String>,
+    /// Export data files read at once.
+    pub export_files_in_parallel: usize,
+    /// Cancelled (Ctrl-C, SIGTERM): finish the pages in flight, checkpoint
+    /// them, publish a stopped status and return `Stopped`.
+    pub stop: CancellationToken,
+    /// In place only: remove what the plan added instead (`rekey undo`), with
+    /// checkpoints of its own.
+    pub undo: bool,
+}
+
+/// Counters committed with each checkpoint.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counters {
+    pub scanned: u64,
+    pub written: u64,
+    pub rejected: u64,
+    pub skipped: u64,
+    /// Rejects that were collisions: another source item holds the target key.
+    pub collisions: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.scanned += o.scanned;
+        self.written += o.written;
+        self.rejected += o.rejected;
+        self.skipped += o.skipped;
+        self.collisions += o.collisions;
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum SegState {
+    Pending,
+    /// Resume after this key (DynamoDB JSON).
+    After(Item),
+    Done,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillReport {
+    pub source_table: String,
+    pub target_table: String,
+    pub segments: u32,
+    /// Totals over every run of this migration.
+    pub totals: Counters,
+    /// What this run did (less than the totals after a resume).
+    pub this_run: Counters,
+    pub resumed: bool,
+    pub consumed_rcu: f64,
+    pub consumed_wcu: f64,
+    pub throttles: ThrottleStats,
+    pub elapsed_seconds: f64,
+    pub rejects_file: String,
+}
+
+/// The checkpoint keys of one job: `backfill/…`, or `undo/…` for the undo of
+/// an in-place plan, so that each resumes on its own.
+#[derive(Debug, Clone, Copy)]
+struct Keys(&'static str);
+
+impl Keys {
+    fn of(undo: bool) -> Keys {
+        Keys(if undo { "undo" } else { "backfill" })
+    }
+    fn segments(self) -> String {
+        format!("{}/segments", self.0)
+    }
+    fn counters(self) -> String {
+        format!("{}/counters", self.0)
+    }
+    fn rejects_len(self) -> String {
+        format!("{}/rejects_len", self.0)
+    }
+    fn phase(self) -> String {
+        format!("{}/phase", self.0)
+    }
+    fn seg(self, n: u32) -> String {
+        format!("{}/seg/{n:05}", self.0)
+    }
+}
+
+/// The tables, checked against the plan: (source, target).
+async fn tables(clients: &Clients, plan: &Plan) -> anyhow::Result<(TableInfo, TableInfo)> {
+    let source = clients.describe_table(&plan.source_table).await?;
+    source.check_key(&plan.source_key, "source")?;
+    let target = clients.describe_table(&plan.target_table).await?;
+    target.check_key(&plan.target_key, "target")?;
+    Ok((source, target))
+}
+
+fn check_undo(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<()> {
+    if opts.undo && plan.mode != Mode::InPlace {
+        return Err(InputError(format!(
+            "{}: undo removes what an in-place plan added to its table; this plan re-keys into `{}` (drop that table instead)",
+            plan.path.display(),
+            plan.target_table
+        ))
+        .into());
+    }
+    if opts.undo && opts.from_export.is_some() {
+        return Err(InputError(
+            "undo scans the table itself: an export does not hold what the plan added".into(),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// The store, counters and rejects file as the last run committed them;
+/// whether this run resumes one.
+fn open_ledger(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<(Ledger, bool)> {
+    let keys = Keys::of(opts.undo);
+    let store = StateStore::open(&opts.state_dir, plan)?;
+    let totals: Counters = store.get(&keys.counters())?.unwrap_or_default();
+    let resumed = store.get::<BackfillStage>(&keys.phase())?.is_some();
+    store.put(&keys.phase(), &BackfillStage::Backfilling)?;
+    // Lines written for pages that were in flight at a crash are not committed: cut them.
+    let committed_len: u64 = store.get(&keys.rejects_len())?.unwrap_or(0);
+    let rejects = RejectsFile::open_truncated(&opts.rejects, committed_len)?;
+    let ledger = Ledger {
+        keys,
+        store,
+        claims: Claims::open(&opts.state_dir.claims())?,
+        totals,
+        this_run: Counters::default(),
+        rejects,
+    };
+    Ok((ledger, resumed))
+}
+
+/// The read and write budgets, from the operator's rates and the tables'
+/// provisioned capacity.
+fn control(
+    opts: &BackfillOptions,
+    source: &TableInfo,
+    target: &TableInfo,
+) -> anyhow::Result<Control> {
+    let read_rate = opts
+        .read_rate
+        .map(|r| r.resolve(&source.name, source.provisioned_read, "read"))
+        .transpose()
+        .map_err(InputError)?;
+    let write_rate = opts
+        .write_rate
+        .resolve(&target.name, target.provisioned_write, "write")
+        .map_err(InputError)?;
+    Ok(Control::new(read_rate, Some(write_rate)))
+}
+
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &BackfillOptions,
+    progress: &Progress,
+) -> anyhow::Result<BackfillReport> {
+    check_undo(plan, opts)?;
+    let started = Instant::now();
+    let (source, target) = tables(clients, plan).await?;
+    let (ledger, resumed) = open_ledger(plan, opts)?;
+    let live = Arc::new(AtomicU64::new(ledger.totals.scanned));
+    let ledger = Arc::new(Mutex::new(ledger));
+    let control = Arc::new(control(opts, &source, &target)?);
+    let writer = Arc::new(Writer::new(clients, plan, opts, control.clone()));
+    let consumed_rcu = Arc::new(Mutex::new(0.0f64));
+
+    progress.start(
+        if opts.undo { "undo" } else { "backfill" },
+        Some(source.item_count),
+    );
+    let ticker = Ticker {
+        control: control.clone(),
+        writer: writer.clone(),
+        ledger: ledger.clone(),
+        dir: opts.state_dir.clone(),
+        live: live.clone(),
+        consumed_rcu: consumed_rcu.clone(),
+        progress: progress.clone(),
+        expected_items: source.item_count,
+    }
+    .spawn();
+    let drive = Drive {
+        clients,
+        plan: Arc::new(plan.clone()),
+        writer: writer.clone(),
+        ledger: ledger.clone(),
+        control: control.clone(),
+        live,
+        consumed_rcu: consumed_rcu.clone(),
+        direction: opts.undo.then_some(Direction::Undo),
+        stop: opts.stop.clone(),
+    };
+    let (result, segments) = match &opts.from_export {
+        None => {
+            let segments = drive.segments(opts.segments, source.size_bytes).await?;
+            (drive.scan(segments, opts.page_limit).await, segments)
+        }
+        Some(loc) => (drive.export(loc, opts.export_files_in_parallel).await, 0),
+    };
+    ticker.abort();
+    let _ = ticker.await;
+    progress.finish();
+    result?;
+
+    let mut ledger = ledger.lock().await;
+    if opts.stop.is_cancelled() {
+        ledger.store.flush()?;
+        let status = snapshot(&ledger.totals, source.item_count, Ending::Stopped, None);
+        crate::state::snapshot::publish(&opts.state_dir.backfill_snapshot(), &status)?;
+        return Err(Stopped.into());
+    }
+    let phase = ledger.keys.phase();
+    ledger.store.put(&phase, &BackfillStage::BackfillDone)?;
+    ledger.store.flush()?;
+    if !opts.undo {
+        // From here on the tail may apply what it captured (ARCHITECTURE.md).
+        opts.state_dir.mark_backfill_done()?;
+    }
+    ledger.rejects.flush_len()?;
+    let status = snapshot(&ledger.totals, source.item_count, Ending::Done, None);
+    crate::state::snapshot::publish(&opts.state_dir.backfill_snapshot(), &status)?;
+    Ok(BackfillReport {
+        source_table: plan.source_table.clone(),
+        target_table: plan.target_table.clone(),
+        segments,
+        totals: ledger.totals,
+        this_run: ledger.this_run,
+        resumed,
+        consumed_rcu: *consumed_rcu.lock().await,
+        consumed_wcu: *writer.consumed_wcu.lock().await,
+        throttles: control.stats().await,
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+        rejects_file: opts.rejects.display().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_up() {
+        let mut a = Counters {
+            scanned: 3,
+            written: 2,
+            rejected: 1,
+            skipped: 0,
+            collisions: 1,
+        };
+        a.add(&Counters {
+            scanned: 2,
+            skipped: 2,
+            ..Default::default()
+        });
+        assert_eq!(a.scanned, a.written + a.rejected + a.skipped);
+    }
+
+    #[test]
+    fn segment_states_round_trip_through_json() {
+        let mut k = Item::new();
+        k.insert("PK".into(), Value::S("a".into()));
+        for s in [SegState::Pending, SegState::After(k), SegState::Done] {
+            let j = serde_json::to_string(&s).unwrap();
+            let back: SegState = serde_json::from_str(&j).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), j);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! One page: transform, claim the target keys, write; or, in place, the
+//! conditional UpdateItem of each item that needs one.
+
+use super::*;
+
+/// Transform, claim and write one page's items; returns its counters and rejects.
+pub(super) async fn process_page(
+    writer: &Writer,
+    ledger: &Mutex<Ledger>,
+    plan: &Plan,
+    items: &[Item],
+    direction: Option<Direction>,
+) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+    if plan.mode == Mode::InPlace {
+        let direction = direction.unwrap_or(Direction::Forward);
+        return process_page_in_place(writer, plan, items, direction).await;
+    }
+    let mut c = Counters {
+        scanned: items.len() as u64,
+        ..Default::default()
+    };
+    let mut rejects = Vec::new();
+    let mut puts = Vec::new();
+    let mut sources = Vec::new();
+    let mut pairs = Vec::new();
+    let target_names = plan.target_key.names();
+    let source_names = plan.source_key.names();
+    for item in items {
+        match transform(plan, item) {
+            Outcome::Put { item: out, .. } => {
+                let tk = encode_key(&out, &target_names).unwrap_or_default();
+                let sk = encode_key(item, &source_names).unwrap_or_default();
+                pairs.push((tk, sk));
+                puts.push(out);
+                sources.push(item);
+            }
+            Outcome::Reject(r) => {
+                c.rejected += 1;
+                rejects.push((item.clone(), r.to_string()));
+            }
+            Outcome::Skip => c.skipped += 1,
+        }
+    }
+    // Claims are durable before anything is written (see claims.rs).
+    let owners = ledger.lock().await.claims.claim_all(&pairs)?;
+    let mut claimed = (Vec::new(), Vec::new());
+    for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(&pairs).zip(owners) {
+        match owner {
+            None => {
+                claimed.0.push(out);
+                claimed.1.push(src);
+            }
+            Some(other) => {
+                c.rejected += 1;
+                c.collisions += 1;
+                rejects.push((
+                    src.clone(),
+                    format!(
+                        "collision: target key {} already belongs to source item {} — never overwritten",
+                        decode_key(tk).join(" / "),
+                        decode_key(&other).join(" / ")
+                    ),
+                ));
+            }
+        }
+    }
+    let (puts, sources) = claimed;
+    for (refused, src) in writer.write(puts).await?.into_iter().zip(sources) {
+        match refused {
+            None => c.written += 1,
+            Some(reason) => {
+                c.rejected += 1;
+                rejects.push((src.clone(), reason));
+            }
+        }
+    }
+    Ok((c, rejects))
+}
+
+/// In place: one conditional UpdateItem per item that needs one (see
+/// [`crate::phase::inplace`]), `concurrency` at a time. Items already right, unmatched,
+/// or deleted before rekey could write them are skipped.
+pub(super) async fn process_page_in_place(
+    writer: &Writer,
+    plan: &Plan,
+    items: &[Item],
+    direction: Direction,
+) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+    let mut c = Counters {
+        scanned: items.len() as u64,
+        ..Default::default()
+    };
+    let results: Vec<anyhow::Result<(Applied, Item)>> = stream::iter(items.to_vec())
+        .map(|item| async move {
+            let decision = direction.decide(plan, &item);
+            if matches!(decision, inplace::Decision::Write(_)) {
+                // Paced per partition key like the re-key's writes: a Scan
+                // returns an item collection's items together.
+                let pk = item
+                    .get(&writer.pk_name)
+                    .map(Value::display_text)
+                    .unwrap_or_default();
+                let _ = writer.per_key.until_key_n_ready(&pk, NonZeroU32::MIN).await;
+            }
+            let applied = inplace::apply(
+                &writer.clients,
+                plan,
+                &writer.control,
+                direction,
+                decision,
+                writer.max_retries,
+            )
+            .await?;
+            Ok((applied, item))
+        })
+        .buffer_unordered(writer.concurrency)
+        .collect()
+        .await;
+    let mut rejects = Vec::new();
+    let mut consumed = 0.0;
+    for r in results {
+        match r.context("in-place write failed")? {
+            (Applied::Written { consumed: u }, _) => {
+                c.written += 1;
+                consumed += u;
+            }
+            (Applied::Skipped { consumed: u }, _) => {
+                c.skipped += 1;
+                consumed += u;
+            }
+            (
+                Applied::Rejected {
+                    reason,
+                    consumed: u,
+                },
+                item,
+            ) => {
+                c.rejected += 1;
+                consumed += u;
+                rejects.push((item, reason));
+            }
+        }
+    }
+    *writer.consumed_wcu.lock().await += consumed;
+    Ok((c, rejects))
+}

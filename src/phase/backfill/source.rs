@@ -1,0 +1,214 @@
+//! Where a backfill reads: a parallel Scan, or the data files of an S3 export,
+//! each page committed once its writes are acknowledged.
+
+use super::*;
+
+/// What both sources need to turn pages into committed writes.
+pub(super) struct Drive<'a> {
+    pub(super) clients: &'a Clients,
+    pub(super) plan: Arc<Plan>,
+    pub(super) writer: Arc<Writer>,
+    pub(super) ledger: Arc<Mutex<Ledger>>,
+    pub(super) control: Arc<Control>,
+    pub(super) live: Arc<AtomicU64>,
+    pub(super) consumed_rcu: Arc<Mutex<f64>>,
+    /// `Some(Undo)` for `rekey undo`; in-place plans otherwise go forward.
+    pub(super) direction: Option<Direction>,
+    pub(super) stop: CancellationToken,
+}
+
+/// How far one export data file is done.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum FileState {
+    Lines(u64),
+    Done,
+}
+
+/// Items per commit when reading an export.
+pub(super) const EXPORT_PAGE: usize = 500;
+
+impl Drive<'_> {
+    /// The segment count is fixed by the first run: resume points belong to it.
+    pub(super) async fn segments(
+        &self,
+        asked: Option<u32>,
+        table_bytes: u64,
+    ) -> anyhow::Result<u32> {
+        let l = self.ledger.lock().await;
+        if let Some(n) = l.store.get::<u32>(&l.keys.segments())? {
+            return Ok(n);
+        }
+        let n = asked.unwrap_or_else(|| scan::default_segments(table_bytes, 4));
+        l.store.put(&l.keys.segments(), &n)?;
+        l.store.flush()?;
+        Ok(n)
+    }
+
+    pub(super) async fn scan(&self, segments: u32, page_limit: Option<i32>) -> anyhow::Result<()> {
+        let mut starts = Vec::with_capacity(segments as usize);
+        {
+            let l = self.ledger.lock().await;
+            for n in 0..segments {
+                starts.push(match l.store.get::<SegState>(&l.keys.seg(n))? {
+                    None | Some(SegState::Pending) => SegmentStart::Beginning,
+                    Some(SegState::After(k)) => SegmentStart::After(k),
+                    Some(SegState::Done) => SegmentStart::Done,
+                });
+            }
+        }
+        let scan_opts = ScanOptions {
+            table: self.plan.source_table.clone(),
+            segments,
+            page_limit,
+            consistent_read: false,
+            stop: self.stop.clone(),
+        };
+        let (writer, ledger, plan, consumed_rcu, live) = (
+            self.writer.clone(),
+            self.ledger.clone(),
+            self.plan.clone(),
+            self.consumed_rcu.clone(),
+            self.live.clone(),
+        );
+        let direction = self.direction;
+        scan::scan(
+            self.clients,
+            &scan_opts,
+            starts,
+            self.control.clone(),
+            move |page: Page| {
+                let (writer, ledger, plan, consumed_rcu, live) = (
+                    writer.clone(),
+                    ledger.clone(),
+                    plan.clone(),
+                    consumed_rcu.clone(),
+                    live.clone(),
+                );
+                async move {
+                    *consumed_rcu.lock().await += page.consumed;
+                    let (mut counts, rejects) =
+                        process_page(&writer, &ledger, &plan, &page.items, direction).await?;
+                    counts.scanned += page.unreadable;
+                    counts.rejected += page.unreadable;
+                    live.fetch_add(counts.scanned, Ordering::Relaxed);
+                    let state = match &page.next {
+                        Some(k) => SegState::After(k.clone()),
+                        None => SegState::Done,
+                    };
+                    let mut l = ledger.lock().await;
+                    let key = l.keys.seg(page.segment);
+                    l.commit(&key, &serde_json::to_value(&state)?, &counts, &rejects)
+                }
+            },
+        )
+        .await
+    }
+
+    /// Read an export's data files, `parallel` at a time, committing each
+    /// file's line count after every page of writes.
+    pub(super) async fn export(&self, location: &str, parallel: usize) -> anyhow::Result<()> {
+        let loc = ExportLocation::parse(location).map_err(|e| InputError(e.to_string()))?;
+        let s3 = matches!(loc, ExportLocation::S3 { .. }).then(|| S3Client {
+            client: self.clients.s3.clone(),
+            endpoint: self.clients.endpoints.s3.clone(),
+        });
+        let (reader, manifest) = ExportReader::open(loc, s3).await?;
+        if let Some(note) = manifest.selection_note() {
+            eprintln!("{note}");
+        }
+        {
+            // The tail must start capturing before this point in time.
+            let l = self.ledger.lock().await;
+            l.store
+                .put("backfill/export_time_ms", &manifest.export_time_epoch_ms)?;
+            l.store.put("backfill/export_id", &manifest.export_id)?;
+            l.store.flush()?;
+        }
+        let reader = Arc::new(reader);
+        let files = manifest.files.clone();
+        stream::iter(files)
+            .map(|file| {
+                let reader = reader.clone();
+                async move {
+                    if self.stop.is_cancelled() {
+                        return Ok(());
+                    }
+                    self.export_file(&reader, &file).await
+                }
+            })
+            .buffer_unordered(parallel.max(1))
+            .collect::<Vec<anyhow::Result<()>>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    pub(super) async fn export_file(
+        &self,
+        reader: &ExportReader,
+        file: &DataFile,
+    ) -> anyhow::Result<()> {
+        let key = format!("backfill/file/{}", file.key);
+        let done = match self.ledger.lock().await.store.get::<FileState>(&key)? {
+            Some(FileState::Done) => return Ok(()),
+            Some(FileState::Lines(n)) => n,
+            None => 0,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(EXPORT_PAGE * 2);
+        let reading = reader.read_file(file, done, tx);
+        let consuming = async {
+            let mut lines = done;
+            let mut page: Vec<Item> = Vec::with_capacity(EXPORT_PAGE);
+            let mut bad: Vec<(Item, String)> = Vec::new();
+            let mut last_line = done;
+            loop {
+                let next = rx.recv().await;
+                let at_end = next.is_none();
+                if let Some(line) = next {
+                    last_line = line.line;
+                    match line.item {
+                        Ok(item) => page.push(item),
+                        Err(msg) => {
+                            bad.push((Item::new(), format!("{}:{}: {msg}", file.key, line.line)))
+                        }
+                    }
+                }
+                if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
+                    let (mut counts, mut rejects) =
+                        process_page(&self.writer, &self.ledger, &self.plan, &page, None).await?;
+                    counts.scanned += bad.len() as u64;
+                    counts.rejected += bad.len() as u64;
+                    rejects.append(&mut bad);
+                    self.live.fetch_add(counts.scanned, Ordering::Relaxed);
+                    lines = last_line;
+                    self.ledger.lock().await.commit(
+                        &key,
+                        &serde_json::to_value(FileState::Lines(lines))?,
+                        &counts,
+                        &rejects,
+                    )?;
+                    page.clear();
+                    if self.stop.is_cancelled() {
+                        // Checkpointed: the rest of the file is read on resume.
+                        return anyhow::Ok(());
+                    }
+                }
+                if at_end {
+                    return anyhow::Ok(());
+                }
+            }
+        };
+        let (read, consumed) = tokio::join!(reading, consuming);
+        consumed?;
+        if self.stop.is_cancelled() {
+            // The reader saw its receiver go: not an error, the file is not done.
+            return Ok(());
+        }
+        read?;
+        let l = self.ledger.lock().await;
+        l.store.put(&key, &FileState::Done)?;
+        l.store.flush()?;
+        Ok(())
+    }
+}
