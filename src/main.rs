@@ -1,44 +1,61 @@
-//! The `rekey` binary: parse arguments, run the command, print any error once.
+//! The `rekey` binary: parse the arguments, convert them to a checked
+//! configuration, run the command, print any error once.
 //!
-//! Ctrl-C and SIGTERM cancel the run's stop token: a long-running command
-//! finishes the work in flight, checkpoints, publishes a stopped status and
-//! exits 130 (SIGINT) or 143 (SIGTERM). A second Ctrl-C exits at once.
+//! Ctrl-C and SIGTERM cancel the configuration's stop token: a long-running
+//! command finishes the work in flight, checkpoints, publishes a stopped
+//! status and exits 130 (SIGINT) or 143 (SIGTERM); any other command ends at
+//! once. A second Ctrl-C exits at once. A closed stdout (`| head`) ends the
+//! command quietly with 0.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use clap::Parser as _;
 use rekey::ops::cli::{Cli, exit, exit_code};
+use rekey::ops::config::Config;
+use rekey::ops::out;
 use rekey::phase::error::Stopped;
 use tokio_util::sync::CancellationToken;
 
 fn main() {
     let cli = Cli::parse();
+    let clean = cli.command.stops_cleanly();
+    let config = match Config::try_from(cli) {
+        Ok(config) => config,
+        Err(err) => fail(&err, exit::BAD_INPUT),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            std::process::exit(exit::FAILURE);
-        }
+        Err(e) => fail(
+            &anyhow::Error::new(e).context("cannot start the async runtime"),
+            exit::FAILURE,
+        ),
     };
-    let stop = CancellationToken::new();
     let signal = Arc::new(AtomicI32::new(0));
-    let clean = cli.command.stops_cleanly();
-    runtime.spawn(on_signals(stop.clone(), signal.clone(), clean));
-    let result = runtime.block_on(rekey::ops::commands::run(cli, stop));
+    runtime.spawn(on_signals(
+        config.common.stop.clone(),
+        signal.clone(),
+        clean,
+    ));
+    let result = runtime.block_on(rekey::ops::commands::run(config));
     let stopped_by = signal.load(Ordering::SeqCst);
     match result {
         Ok(_) if stopped_by != 0 => std::process::exit(128 + stopped_by),
         Ok(code) => std::process::exit(code),
+        // The reader of stdout went away (`| head`): nothing left to say.
+        Err(err) if out::is_closed(&err) => std::process::exit(exit::OK),
         Err(err) if err.chain().any(|c| c.is::<Stopped>()) => {
             eprintln!("{err:#}");
             std::process::exit(128 + stopped_by.max(libc::SIGINT));
         }
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            std::process::exit(exit_code(&err));
-        }
+        Err(err) => fail(&err, exit_code(&err)),
     }
+}
+
+/// The error, once, on stderr; then exit with `code`.
+fn fail(err: &anyhow::Error, code: i32) -> ! {
+    eprintln!("error: {err:#}");
+    std::process::exit(code)
 }
 
 /// The first SIGINT or SIGTERM cancels `stop` (and records which) for a

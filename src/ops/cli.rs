@@ -1,15 +1,16 @@
 //! Command-line arguments (clap) and the mapping from errors to exit codes.
 //!
-//! Arguments are low-level; each command turns them into the options struct
-//! of the module that does the work, so no module sees clap.
+//! Arguments are low-level; `ops::config` turns them into the options struct
+//! of the module that does the work, checked, in one conversion, so no other
+//! module sees clap.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::aws::AwsError;
 use crate::aws::export::ExportError;
 use crate::aws::rate::Rate;
-use crate::aws::{AwsError, AwsOptions};
 use crate::core::plan::PlanErrors;
 
 /// Exit codes, documented in the README.
@@ -81,17 +82,6 @@ pub struct AwsArgs {
     /// Named profile from the shared AWS config files.
     #[arg(long, global = true)]
     pub profile: Option<String>,
-}
-
-impl AwsArgs {
-    pub fn options(&self) -> AwsOptions {
-        AwsOptions {
-            endpoint_url: self.endpoint_url.clone(),
-            region: self.region.clone(),
-            profile: self.profile.clone(),
-            ..Default::default()
-        }
-    }
 }
 
 #[derive(Debug, Subcommand)]

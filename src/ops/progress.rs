@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::ops::out;
 use crate::phase::progress::{Progress, ProgressSink};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,12 @@ pub enum ProgressMode {
     Auto,
     Json,
     Quiet,
+}
+
+/// A JSON event line on stdout, best effort: with stdout closed the work goes
+/// on, and the command's report, written last, ends it quietly (`ops::out`).
+fn json_event(event: &serde_json::Value) {
+    let _ = out::line(&event.to_string());
 }
 
 /// The progress handle for a command's output mode.
@@ -182,7 +189,7 @@ impl ProgressSink for Terminal {
                 "elapsed_seconds": secs,
                 "status": s.status,
             });
-            println!("{event}");
+            json_event(&event);
         } else {
             eprintln!(
                 "{}: {items} items, {:.0} items/s, {message}",
@@ -205,7 +212,7 @@ impl ProgressSink for Terminal {
         match self.mode {
             ProgressMode::Quiet => {}
             ProgressMode::Json => {
-                println!("{}", serde_json::json!({"event": "note", "text": text}));
+                json_event(&serde_json::json!({"event": "note", "text": text}));
             }
             ProgressMode::Auto => match &self.multi {
                 Some(multi) if multi.println(text).is_ok() => {}

@@ -20,6 +20,7 @@ mod inplace;
 mod lifecycle;
 mod lineage;
 mod local;
+mod ops;
 mod proxy;
 mod tail;
 mod throttle;

@@ -1,0 +1,82 @@
+//! The copy into the target: `backfill` (and `undo`), `tail`.
+
+use std::fmt::Write as _;
+
+use super::{connect, print_done};
+use crate::ops::cli::exit;
+use crate::ops::config::{Common, Planned};
+use crate::ops::progress;
+use crate::phase::backfill::{self, BackfillOptions, BackfillReport};
+use crate::phase::tail::{self, TailOptions, TailReport};
+
+/// `rekey backfill`, and `rekey undo` (`options.undo`).
+pub(super) async fn backfill(c: &Common, cmd: Planned<BackfillOptions>) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let report = backfill::run(&clients, &plan, &options, &progress).await?;
+    print_done(c, &report, |r| backfill_text(r, options.undo))?;
+    Ok(exit::OK)
+}
+
+fn backfill_text(report: &BackfillReport, undo: bool) -> String {
+    let mut o = String::new();
+    let t = &report.totals;
+    let _ = writeln!(
+        o,
+        "{} {} → {}: done. {} scanned = {} written + {} rejected + {} skipped{}",
+        if undo { "undo" } else { "backfill" },
+        report.source_table,
+        report.target_table,
+        t.scanned,
+        t.written,
+        t.rejected,
+        t.skipped,
+        if report.resumed {
+            format!(" (this run: {} scanned)", report.this_run.scanned)
+        } else {
+            String::new()
+        }
+    );
+    if t.rejected > 0 {
+        let _ = writeln!(
+            o,
+            "  rejects ({} collisions) are in {}",
+            t.collisions, report.rejects_file
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  {:.0} RCU, {:.0} WCU consumed in {:.1} s; {} write and {} read throttles {:?}",
+        report.consumed_rcu,
+        report.consumed_wcu,
+        report.elapsed_seconds,
+        report.throttles.write_throttles,
+        report.throttles.read_throttles,
+        report.throttles.reasons
+    );
+    o
+}
+
+/// `rekey tail`.
+pub(super) async fn tail(c: &Common, cmd: Planned<TailOptions>) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let report = tail::run(&clients, &plan, &options, &progress).await?;
+    print_done(c, &report, tail_text)?;
+    Ok(exit::OK)
+}
+
+fn tail_text(report: &TailReport) -> String {
+    format!(
+        "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} in-place updates, {} rejected; last lag {:.1} s\n",
+        report.records,
+        report.buffered,
+        report.puts,
+        report.deletes,
+        report.updates,
+        report.rejected,
+        report.last_lag_seconds
+    )
+}

@@ -1,0 +1,82 @@
+//! One small function per command: connect (once, with the endpoint notes),
+//! call the phase, redact, print (text, or JSON with `--json`) through
+//! [`out`](crate::ops::out), and return the exit code. Every argument was
+//! checked and every default applied by [`Config`] before any of this runs.
+//!
+//! * `offline` — `check`, `status`, `control`, `iam-policy`: no AWS.
+//! * `analyze` — `analyze`.
+//! * `copy` — `backfill` (and `undo`), `tail`.
+//! * `verify` — `verify`, in a new table or in place.
+//! * `run` — `run`, the whole lifecycle.
+//! * `switch` — `drain`, `cutover`, `finish`.
+//! * `demo` — `demo`.
+
+mod analyze;
+mod copy;
+mod demo;
+mod offline;
+mod run;
+mod switch;
+mod verify;
+
+use std::io;
+
+use serde::Serialize;
+
+use crate::aws::Clients;
+use crate::ops::config::{Command, Common, Config, Format};
+use crate::ops::out;
+
+/// Run one command; the result is the process exit code.
+pub async fn run(config: Config) -> anyhow::Result<i32> {
+    let Config { command, common } = config;
+    let c = &common;
+    match command {
+        Command::Check(cmd) => offline::check(c, cmd),
+        Command::Status(cmd) => offline::status(c, cmd),
+        Command::Control(cmd) => offline::control(c, cmd).await,
+        Command::IamPolicy(cmd) => offline::iam_policy(c, cmd),
+        Command::Analyze(cmd) => analyze::analyze(c, cmd).await,
+        Command::Backfill(cmd) => copy::backfill(c, cmd).await,
+        Command::Tail(cmd) => copy::tail(c, cmd).await,
+        Command::Verify(cmd) => verify::verify(c, cmd).await,
+        Command::Run(cmd) => run::run(c, cmd).await,
+        Command::Drain(cmd) => switch::drain(c, cmd).await,
+        Command::Cutover(cmd) => switch::cutover(c, cmd).await,
+        Command::Finish(cmd) => switch::finish(c, cmd).await,
+        Command::Demo(cmd) => demo::demo(c, cmd).await,
+    }
+}
+
+/// The SDK clients; and, once per command, what the operator should know
+/// about the endpoints they use (a note, so `-q` silences it).
+async fn connect(c: &Common) -> anyhow::Result<Clients> {
+    let clients = Clients::connect(&c.aws).await?;
+    if !c.output.quiet {
+        for note in &clients.endpoints.notes {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(clients)
+}
+
+/// The report as a JSON document (`--json`), or as `text` renders it.
+fn print<T: Serialize>(c: &Common, report: &T, text: impl FnOnce(&T) -> String) -> io::Result<()> {
+    match c.output.format {
+        Format::Json => out::json(report),
+        Format::Text => out::text(&text(report)),
+    }
+}
+
+/// The same for a long-running command, whose `--json` output is a stream of
+/// events: the report is its last line (`"event": "done"`).
+fn print_done<T: Serialize>(
+    c: &Common,
+    report: &T,
+    text: impl FnOnce(&T) -> String,
+) -> io::Result<()> {
+    match c.output.format {
+        Format::Json => out::json_done(report),
+        Format::Text => out::text(&text(report)),
+    }
+}

@@ -1,0 +1,53 @@
+//! `rekey verify`: into a new table (both ways), or in place.
+
+use std::fmt::Write as _;
+
+use super::{connect, print_done};
+use crate::core::plan::Mode;
+use crate::ops::cli::exit;
+use crate::ops::config::{Common, Planned};
+use crate::ops::progress;
+use crate::ops::redact::PlanRedactor;
+use crate::phase::verify::inplace::{self as in_place, InPlaceVerifyReport};
+use crate::phase::verify::{self, VerifyOptions};
+
+pub(super) async fn verify(c: &Common, cmd: Planned<VerifyOptions>) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let clean = if plan.mode == Mode::InPlace {
+        let report = in_place::run(&clients, &plan, &options, &progress).await?;
+        print_done(c, &report, in_place_text)?;
+        report.result.clean
+    } else {
+        let mut report = verify::run(&clients, &plan, &options, &progress).await?;
+        PlanRedactor::new(&plan, c.output.redactor).verify(&mut report);
+        print_done(c, &report, verify::render)?;
+        report.ok()
+    };
+    Ok(if clean { exit::OK } else { exit::DIFFERENCES })
+}
+
+fn in_place_text(report: &InPlaceVerifyReport) -> String {
+    let mut o = String::new();
+    let c = &report.result.counts;
+    let _ = writeln!(
+        o,
+        "verify in place `{}`: {} scanned = {} matched ({} came right during the verify) + {} different + {} unconfirmed; {}",
+        report.result.source_table,
+        c.scanned,
+        c.matched,
+        report.resolved,
+        c.different,
+        c.unconfirmed,
+        if report.result.clean {
+            "clean".to_string()
+        } else {
+            format!("DIFFERENCES in {}", report.mismatches_file)
+        }
+    );
+    for n in &report.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}

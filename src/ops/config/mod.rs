@@ -1,0 +1,564 @@
+//! Arguments → a validated [`Config`], in one fallible conversion.
+//!
+//! Every default that is not clap's and every argument check lives here,
+//! once: the plan is loaded (its errors keep their `file:line:col`), the state
+//! directory resolved, seconds checked and turned into durations, and each
+//! command's arguments become the options struct of the phase that does the
+//! work. The commands (`ops::commands`) then only connect, call the phase and
+//! print. Nothing here touches AWS; the one environment lookup (the demo's
+//! endpoint) goes through a function the caller passes, so the conversion is
+//! tested as a plain function.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::AwsOptions;
+use crate::aws::export::ExportLocation;
+use crate::core::plan::Plan;
+use crate::ops::cli::{self, AwsArgs, Cli, InputError, PolicyCommandArg, ReportArgs, ScanArgs};
+use crate::ops::demo::{self, DemoOptions};
+use crate::ops::iam::{PolicyCommand, PolicyOptions};
+use crate::ops::progress::ProgressMode;
+use crate::ops::redact::Redactor;
+use crate::phase::analyze::{AnalyzeOptions, ScanSettings};
+use crate::phase::backfill::BackfillOptions;
+use crate::phase::barrier::DrainOptions;
+use crate::phase::cutover::CutoverOptions;
+use crate::phase::lifecycle::RunOptions;
+use crate::phase::tail::TailOptions;
+use crate::phase::verify::VerifyOptions;
+use crate::state::StateDir;
+
+/// Consecutive non-throttle failures of one write before a run stops.
+const MAX_RETRIES: u32 = 10;
+/// A tail status older than this means the tail is not running (verify).
+const STALE_AFTER: Duration = Duration::from_secs(30);
+/// How often the tail polls a shard that returned nothing.
+const TAIL_POLL: Duration = Duration::from_millis(250);
+
+/// One command, ready to run.
+#[derive(Debug)]
+pub struct Config {
+    pub command: Command,
+    pub common: Common,
+}
+
+/// What every command shares: how to reach AWS and how to print.
+#[derive(Debug, Clone)]
+pub struct Common {
+    pub aws: AwsOptions,
+    pub output: Output,
+    /// The run's stop token, in every long-running command's options:
+    /// `main` cancels it on Ctrl-C or SIGTERM.
+    pub stop: CancellationToken,
+}
+
+/// How a command prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Output {
+    /// The result on stdout: for people, or `--json`.
+    pub format: Format,
+    /// `--quiet`: no notes and no progress on stderr.
+    pub quiet: bool,
+    /// Progress while the command runs: on stderr, JSON events on stdout
+    /// (long-running commands with `--json`), or none.
+    pub progress: ProgressMode,
+    /// Key values hashed unless `--show-keys`.
+    pub redactor: Redactor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// A loaded plan and the options of the phase that runs it.
+#[derive(Debug)]
+pub struct Planned<O> {
+    pub plan: Plan,
+    pub options: O,
+}
+
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "one per process, moved once")]
+pub enum Command {
+    Check(Planned<CheckOptions>),
+    Analyze(Planned<AnalyzeRun>),
+    /// `backfill`, and `undo` (`options.undo`).
+    Backfill(Planned<BackfillOptions>),
+    Tail(Planned<TailOptions>),
+    Verify(Planned<VerifyOptions>),
+    Run(Planned<RunOptions>),
+    Drain(Planned<DrainOptions>),
+    Cutover(Planned<CutoverOptions>),
+    Finish(Planned<FinishOptions>),
+    Status(Planned<StateDir>),
+    Control(Planned<ControlChange>),
+    Demo(DemoOptions),
+    IamPolicy(Planned<PolicyOptions>),
+}
+
+/// `rekey check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// Sample items to show before and after.
+    pub sample: Option<PathBuf>,
+}
+
+/// `rekey analyze`.
+#[derive(Debug, Clone)]
+pub struct AnalyzeRun {
+    pub scan: ScanSettings,
+    pub options: AnalyzeOptions,
+    /// Every rejected item goes to this file.
+    pub rejects: Option<PathBuf>,
+}
+
+/// `rekey finish`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishOptions {
+    pub state_dir: StateDir,
+    pub drain_timeout: Duration,
+}
+
+/// `rekey control`: what changes in the control file (None: as it is).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlChange {
+    pub state_dir: StateDir,
+    pub paused: Option<bool>,
+    pub read_rate: Option<f64>,
+    pub write_rate: Option<f64>,
+}
+
+impl Command {
+    /// Every long-running phase this command drives stops through `stop`.
+    fn stop_with(&mut self, stop: &CancellationToken) {
+        match self {
+            Command::Backfill(p) => p.options.stop = stop.clone(),
+            Command::Tail(p) => p.options.stop = stop.clone(),
+            Command::Verify(p) => p.options.stop = stop.clone(),
+            Command::Run(p) => {
+                let o = &mut p.options;
+                o.stop = stop.clone();
+                o.backfill.stop = stop.clone();
+                o.tail.stop = stop.clone();
+                o.verify.stop = stop.clone();
+            }
+            _ => {}
+        }
+    }
+}
+
+impl TryFrom<Cli> for Config {
+    type Error = anyhow::Error;
+
+    /// With the process environment (the demo's endpoint).
+    fn try_from(cli: Cli) -> anyhow::Result<Config> {
+        Config::from_args(cli, &|name| std::env::var(name).ok())
+    }
+}
+
+impl Config {
+    /// The conversion, with `env` for environment lookups.
+    pub fn from_args(cli: Cli, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+        let Cli {
+            aws,
+            quiet,
+            show_keys,
+            command,
+        } = cli;
+        let (mut command, output) = command_and_output(command, &aws, show_keys, env)?;
+        let stop = CancellationToken::new();
+        command.stop_with(&stop);
+        Ok(Config {
+            command,
+            common: Common {
+                stop,
+                aws: aws_options(&aws),
+                output: Output {
+                    quiet,
+                    // --quiet silences progress whatever the format.
+                    progress: if quiet {
+                        ProgressMode::Quiet
+                    } else {
+                        output.progress
+                    },
+                    redactor: Redactor { show: show_keys },
+                    ..output
+                },
+            },
+        })
+    }
+}
+
+/// The output of a command: `json` its `--json`; `streams` whether it runs
+/// long and, with `--json`, shows its progress as JSON events on stdout.
+/// (`--quiet` and `--show-keys` are applied by the caller.)
+fn output(json: bool, streams: bool) -> Output {
+    Output {
+        format: if json { Format::Json } else { Format::Text },
+        quiet: false,
+        progress: match (json, streams) {
+            (true, true) => ProgressMode::Json,
+            (true, false) => ProgressMode::Quiet,
+            (false, _) => ProgressMode::Auto,
+        },
+        redactor: Redactor::default(),
+    }
+}
+
+/// The commands that show no progress at all.
+fn no_progress(json: bool) -> Output {
+    Output {
+        progress: ProgressMode::Quiet,
+        ..output(json, false)
+    }
+}
+
+fn command_and_output(
+    command: cli::Command,
+    aws: &AwsArgs,
+    show_keys: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(Command, Output)> {
+    use cli::Command as C;
+    Ok(match command {
+        C::Check(a) => (check(&a)?, no_progress(a.json)),
+        C::Analyze(a) => (analyze(&a)?, output(a.json, false)),
+        C::Backfill(a) => (backfill(&a, false)?, output(a.json, true)),
+        C::Undo(a) => (backfill(&a, true)?, output(a.json, true)),
+        C::Tail(a) => (tail(&a)?, output(a.json, true)),
+        C::Verify(a) => (verify(&a)?, output(a.json, true)),
+        C::Run(a) => (run(&a)?, output(a.json, true)),
+        C::Drain(a) => (drain(&a)?, no_progress(a.json)),
+        C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
+        C::Finish(a) => (finish(&a)?, no_progress(a.json)),
+        C::Status(a) => (status(&a)?, no_progress(a.json)),
+        C::Control(a) => (control(&a)?, no_progress(a.json)),
+        C::Demo(a) => {
+            let out = output(a.json, false);
+            (demo(a, aws, show_keys, env), out)
+        }
+        // The policy is a JSON document, always.
+        C::IamPolicy(a) => (iam_policy(&a, aws)?, no_progress(true)),
+    })
+}
+
+fn aws_options(a: &AwsArgs) -> AwsOptions {
+    AwsOptions {
+        endpoint_url: a.endpoint_url.clone(),
+        region: a.region.clone(),
+        profile: a.profile.clone(),
+        ..Default::default()
+    }
+}
+
+/// `--state-dir`, or the plan's default.
+fn state_dir(plan: &std::path::Path, s: &cli::StateArgs) -> StateDir {
+    s.state_dir
+        .clone()
+        .map_or_else(|| StateDir::for_plan(plan), StateDir::new)
+}
+
+/// A duration in seconds from `flag`: finite, 0 or more.
+fn seconds(flag: &str, s: f64) -> Result<Duration, InputError> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| InputError(format!("{flag}: give seconds, 0 or more")))
+}
+
+fn scan_settings(s: &ScanArgs) -> ScanSettings {
+    ScanSettings {
+        segments: s.segments,
+        read_rate: s.read_rate,
+        page_limit: s.page_size,
+    }
+}
+
+fn analyze_options(r: &ReportArgs) -> AnalyzeOptions {
+    AnalyzeOptions {
+        top: r.top,
+        backfill_write_rate: r.write_rate,
+        app_write_rate: r.app_write_rate,
+        spill_memory_bytes: r.spill_memory.max(1) * 1024 * 1024,
+        spill_dir: r.spill_dir.clone(),
+        ..AnalyzeOptions::default()
+    }
+}
+
+fn backfill_options(c: &cli::CopyArgs, state_dir: StateDir, undo: bool) -> BackfillOptions {
+    let default_rejects = if undo {
+        state_dir.undo_rejects()
+    } else {
+        state_dir.rejects()
+    };
+    BackfillOptions {
+        rejects: c.rejects.clone().unwrap_or(default_rejects),
+        state_dir,
+        segments: c.scan.segments,
+        page_limit: c.scan.page_size,
+        read_rate: c.scan.read_rate,
+        write_rate: c.write_rate,
+        key_write_rate: c.key_write_rate,
+        concurrency: c.concurrency,
+        max_retries: MAX_RETRIES,
+        from_export: c.from_export.clone(),
+        export_files_in_parallel: c.export_parallel,
+        undo,
+        stop: CancellationToken::new(),
+    }
+}
+
+/// The tail as `rekey run` starts it; `rekey tail` sets the rest.
+fn tail_options(state_dir: &StateDir) -> TailOptions {
+    TailOptions {
+        rejects: state_dir.tail_rejects(),
+        state_dir: state_dir.clone(),
+        exit_when_idle: None,
+        write_rate: None,
+        poll_interval: TAIL_POLL,
+        stop: CancellationToken::new(),
+    }
+}
+
+/// Verify as `rekey run` runs it: both ways, the target read as fast as the
+/// source, no repair; `rekey verify` sets the rest.
+fn verify_options(
+    state_dir: &StateDir,
+    scan: &ScanArgs,
+    recheck_timeout: f64,
+) -> anyhow::Result<VerifyOptions> {
+    Ok(VerifyOptions {
+        state_dir: state_dir.clone(),
+        segments: scan.segments,
+        page_limit: scan.page_size,
+        read_rate: scan.read_rate,
+        target_read_rate: scan.read_rate,
+        write_rate: 0.0,
+        recheck_timeout: seconds("--recheck-timeout", recheck_timeout)?,
+        stale_after: STALE_AFTER,
+        restart: false,
+        repair: false,
+        sample: None,
+        max_retries: MAX_RETRIES,
+        stop: CancellationToken::new(),
+    })
+}
+
+fn check(a: &cli::CheckArgs) -> anyhow::Result<Command> {
+    Ok(Command::Check(Planned {
+        plan: Plan::load(&a.plan)?,
+        options: CheckOptions {
+            sample: a.sample.clone(),
+        },
+    }))
+}
+
+fn analyze(a: &cli::AnalyzeArgs) -> anyhow::Result<Command> {
+    Ok(Command::Analyze(Planned {
+        plan: Plan::load(&a.plan)?,
+        options: AnalyzeRun {
+            scan: scan_settings(&a.scan),
+            options: analyze_options(&a.report),
+            rejects: a.rejects.clone(),
+        },
+    }))
+}
+
+fn backfill(a: &cli::BackfillArgs, undo: bool) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let options = backfill_options(&a.copy, state_dir(&a.plan, &a.state), undo);
+    Ok(Command::Backfill(Planned { plan, options }))
+}
+
+fn tail(a: &cli::TailArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let state_dir = state_dir(&a.plan, &a.state);
+    let exit_when_idle = a
+        .exit_when_idle
+        .map(|s| seconds("--exit-when-idle", s))
+        .transpose()?;
+    let options = TailOptions {
+        rejects: a
+            .rejects
+            .clone()
+            .unwrap_or_else(|| state_dir.tail_rejects()),
+        exit_when_idle,
+        write_rate: a.write_rate,
+        ..tail_options(&state_dir)
+    };
+    Ok(Command::Tail(Planned { plan, options }))
+}
+
+fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    if let Some(p) = a.sample
+        && !(p > 0.0 && p <= 100.0)
+    {
+        return Err(InputError(format!(
+            "--sample {p}: give a percentage above 0, at most 100"
+        ))
+        .into());
+    }
+    let state_dir = state_dir(&a.plan, &a.state);
+    let options = VerifyOptions {
+        target_read_rate: a.target_read_rate,
+        write_rate: a.write_rate,
+        restart: a.restart,
+        repair: a.repair,
+        sample: a.sample,
+        ..verify_options(&state_dir, &a.scan, a.recheck_timeout)?
+    };
+    Ok(Command::Verify(Planned { plan, options }))
+}
+
+fn run(a: &cli::RunArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let state_dir = state_dir(&a.plan, &a.state);
+    let analyze = (!a.skip_analyze).then(|| {
+        let options = AnalyzeOptions {
+            app_write_rate: Some(a.app_write_rate),
+            ..AnalyzeOptions::default()
+        };
+        (scan_settings(&a.copy.scan), options)
+    });
+    let options = RunOptions {
+        analyze,
+        allow_hot_keys: a.allow_hot_keys,
+        backfill: backfill_options(&a.copy, state_dir.clone(), false),
+        tail: tail_options(&state_dir),
+        verify: verify_options(&state_dir, &a.copy.scan, a.recheck_timeout)?,
+        drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+        exit_when_ready: a.exit_when_ready,
+        ready: None,
+        stop: CancellationToken::new(),
+        state_dir,
+    };
+    Ok(Command::Run(Planned { plan, options }))
+}
+
+fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let options = DrainOptions {
+        state_dir: state_dir(&a.plan, &a.state),
+        timeout: seconds("--timeout", a.timeout)?,
+    };
+    Ok(Command::Drain(Planned { plan, options }))
+}
+
+fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let state_dir = state_dir(&a.plan, &a.state);
+    let options = CutoverOptions {
+        postpone_file: a
+            .postpone_file
+            .clone()
+            .unwrap_or_else(|| state_dir.postpone()),
+        state_dir,
+        max_lag: a.max_lag,
+        max_verify_age: seconds("--max-verify-age", a.max_verify_age)?,
+        accept_rejects: a.accept_rejects,
+        wait: seconds("--wait", a.wait)?,
+        drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+    };
+    Ok(Command::Cutover(Planned { plan, options }))
+}
+
+fn finish(a: &cli::FinishArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let options = FinishOptions {
+        state_dir: state_dir(&a.plan, &a.state),
+        drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+    };
+    Ok(Command::Finish(Planned { plan, options }))
+}
+
+/// The plan must load, and the state directory is the plan's.
+fn status(a: &cli::StatusArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let options = state_dir(&a.plan, &a.state);
+    Ok(Command::Status(Planned { plan, options }))
+}
+
+/// The plan must load: controlling a migration of a broken plan is a mistake.
+fn control(a: &cli::ControlArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let paused = if a.pause {
+        Some(true)
+    } else if a.resume {
+        Some(false)
+    } else {
+        None
+    };
+    let options = ControlChange {
+        state_dir: state_dir(&a.plan, &a.state),
+        paused,
+        read_rate: a.read_rate,
+        write_rate: a.write_rate,
+    };
+    Ok(Command::Control(Planned { plan, options }))
+}
+
+fn demo(
+    a: cli::DemoArgs,
+    aws: &AwsArgs,
+    show_keys: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Command {
+    let analyze = AnalyzeOptions {
+        // The demo's point is the hot key under application load.
+        app_write_rate: a.report.app_write_rate.or(Some(demo::DEMO_APP_WRITE_RATE)),
+        ..analyze_options(&a.report)
+    };
+    Command::Demo(DemoOptions {
+        items: a.items,
+        moto_server: a.moto_server,
+        endpoint_url: aws
+            .endpoint_url
+            .clone()
+            .or_else(|| demo::endpoint_from_env(env)),
+        analyze,
+        writer_rate: a.writer_rate,
+        show_keys,
+    })
+}
+
+fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let mut commands = Vec::new();
+    for c in &a.command {
+        use PolicyCommand as P;
+        match c {
+            PolicyCommandArg::Analyze => commands.push(P::Analyze),
+            PolicyCommandArg::Backfill => commands.push(P::Backfill),
+            PolicyCommandArg::Tail => commands.push(P::Tail),
+            PolicyCommandArg::Verify => commands.push(P::Verify),
+            PolicyCommandArg::Drain => commands.push(P::Drain),
+            PolicyCommandArg::Cutover => commands.push(P::Cutover),
+            PolicyCommandArg::All => commands.extend(P::MIGRATION),
+        }
+    }
+    if let Some(acct) = &a.account
+        && (acct.len() != 12 || !acct.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(InputError(format!("--account {acct}: an AWS account id is 12 digits")).into());
+    }
+    let export = a
+        .export
+        .as_deref()
+        .map(ExportLocation::parse)
+        .transpose()
+        .map_err(|e| InputError(e.to_string()))?;
+    let options = PolicyOptions {
+        commands,
+        export,
+        region: aws.region.clone(),
+        account: a.account.clone(),
+    };
+    Ok(Command::IamPolicy(Planned { plan, options }))
+}
+
+#[cfg(test)]
+mod tests;
