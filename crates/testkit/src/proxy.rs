@@ -22,7 +22,8 @@
 //!   charges one unit per request whatever its size and count.
 //!
 //! Limits are token buckets (refill at the rate, capacity rate × burst
-//! seconds, starting full). It also injects faults (HTTP 500s, connections
+//! seconds, starting full), in [`crate::limits`], which the stand-in shares,
+//! so both answer the same. It also injects faults (HTTP 500s, connections
 //! dropped without an answer, latency) from a deterministic SplitMix64 stream.
 //!
 //! Requests are forwarded with their bytes and headers unchanged (the local
@@ -31,11 +32,11 @@
 //! DynamoDB Streams and S3 requests among them — is forwarded untouched and
 //! not accounted.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -54,12 +55,12 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use rekey::core::value::{self, Item, Value};
 
+use crate::limits::{self, Charge, Kind, Limiter, Limits, Refused};
+
 const TARGET_PREFIX: &str = "DynamoDB_20120810.";
 const JSON_TYPE: &str = "application/x-amz-json-1.0";
 /// The local server routes on the credential scope but does not check the signature.
 const DUMMY_AUTH: &str = "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0";
-const THROTTLE_MESSAGE: &str = "The level of configured provisioned throughput for the table was exceeded. \
-     Consider increasing your provisioning level with the UpdateTable API.";
 /// Headers that describe one hop, not the message (`expect`: the proxy has
 /// already read the body).
 const HOP_BY_HOP: [&str; 7] = [
@@ -71,8 +72,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "transfer-encoding",
     "upgrade",
 ];
-/// Idle per-key state is dropped once this many keys are tracked.
-const PRUNE_AT: usize = 100_000;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -165,16 +164,13 @@ impl Proxy {
             faults: opts.faults,
             schemas: Mutex::new(HashMap::new()),
             state: Mutex::new(State {
-                limits: Limits {
+                limiter: Limiter::new(Limits {
                     key_write: opts.key_write_units,
                     key_read: opts.key_read_units,
                     table_write: opts.table_write_units,
                     table_read: opts.table_read_units,
                     burst: opts.burst_seconds,
-                },
-                keys: HashMap::new(),
-                tables: HashMap::new(),
-                prune_at: PRUNE_AT,
+                }),
                 stats: ProxyStats::default(),
             }),
         });
@@ -192,15 +188,23 @@ impl Proxy {
     }
 
     pub fn stats(&self) -> ProxyStats {
-        self.shared.state().stats.clone()
+        let state = self.shared.state();
+        let units = &state.limiter.stats;
+        ProxyStats {
+            write_units: units.write_units,
+            read_units: units.read_units,
+            max_key_write_units_per_sec: units.max_key_write_units_per_sec,
+            per_table_write_units: units.per_table_write_units.clone(),
+            ..state.stats.clone()
+        }
     }
 
     /// Changes the write limits while running; buckets keep their tokens
     /// (capped to the new capacity).
     pub fn set_limits(&self, key_write_units: f64, table_write_units: Option<f64>) {
         let mut state = self.shared.state();
-        state.limits.key_write = key_write_units;
-        state.limits.table_write = table_write_units;
+        state.limiter.limits.key_write = key_write_units;
+        state.limiter.limits.table_write = table_write_units;
     }
 }
 
@@ -252,226 +256,10 @@ struct Shared {
     state: Mutex<State>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Limits {
-    key_write: f64,
-    key_read: f64,
-    table_write: Option<f64>,
-    table_read: Option<f64>,
-    burst: f64,
-}
-
-impl Limits {
-    /// Per-key and per-table rates for `kind`.
-    fn rates(&self, kind: Kind) -> (f64, Option<f64>) {
-        match kind {
-            Kind::Write => (self.key_write, self.table_write),
-            Kind::Read => (self.key_read, self.table_read),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Kind {
-    Write,
-    Read,
-}
-
-/// Units one request (or one batch entry) wants from a table and, when its
-/// partition key is known, from that key.
-struct Charge {
-    table: String,
-    key: Option<Vec<u8>>,
-    units: f64,
-}
-
-struct Refused {
-    table: String,
-    reason: &'static str,
-}
-
-struct Bucket {
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    fn refill(&mut self, rate: f64, burst: f64, now: Instant) {
-        if now <= self.last {
-            return; // time is only ever credited once
-        }
-        let elapsed = now.duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate).min(rate * burst);
-        self.last = now;
-    }
-
-    /// A full bucket admits even a request bigger than its capacity and goes
-    /// into debt (an item larger than the burst must still get through, at
-    /// the rate on average). A zero rate admits nothing.
-    fn fits(&self, units: f64, rate: f64, burst: f64) -> bool {
-        let capacity = rate * burst;
-        self.tokens >= units || (capacity > 0.0 && self.tokens >= capacity)
-    }
-}
-
-/// The write and read buckets of a key or a table, created full when first used.
-#[derive(Default)]
-struct Buckets {
-    write: Option<Bucket>,
-    read: Option<Bucket>,
-}
-
-impl Buckets {
-    /// The bucket for `kind`, refilled to `now`.
-    fn get(&mut self, kind: Kind, rate: f64, burst: f64, now: Instant) -> &mut Bucket {
-        let slot = match kind {
-            Kind::Write => &mut self.write,
-            Kind::Read => &mut self.read,
-        };
-        let bucket = slot.get_or_insert_with(|| Bucket {
-            tokens: rate * burst,
-            last: now,
-        });
-        bucket.refill(rate, burst, now);
-        bucket
-    }
-}
-
-#[derive(Default)]
-struct KeyState {
-    buckets: Buckets,
-    /// Writes received in the last second, for `max_key_write_units_per_sec`.
-    recent: VecDeque<(Instant, f64)>,
-    recent_sum: f64,
-}
-
-impl KeyState {
-    /// Forgets writes older than a second.
-    fn expire(&mut self, now: Instant) {
-        while let Some(&(t, units)) = self.recent.front() {
-            if now.saturating_duration_since(t) < Duration::from_secs(1) {
-                break;
-            }
-            self.recent.pop_front();
-            self.recent_sum -= units;
-        }
-        if self.recent.is_empty() {
-            self.recent_sum = 0.0; // no float drift across windows
-        }
-    }
-
-    /// Records `units` received now; returns the units of the last second.
-    fn record(&mut self, units: f64, now: Instant) -> f64 {
-        self.expire(now);
-        self.recent.push_back((now, units));
-        self.recent_sum += units;
-        self.recent_sum
-    }
-}
-
 struct State {
-    limits: Limits,
-    keys: HashMap<(String, Vec<u8>), KeyState>,
-    tables: HashMap<String, Buckets>,
-    /// Key count at which idle keys are next pruned.
-    prune_at: usize,
+    limiter: Limiter,
+    /// The proxy's own counters (the limiter keeps the units).
     stats: ProxyStats,
-}
-
-impl State {
-    /// Admits all of `charges` or none; on success the units are taken.
-    /// The clock is read under the lock, so buckets see time move forward.
-    fn admit(&mut self, kind: Kind, charges: &[Charge]) -> Result<(), Refused> {
-        let now = Instant::now();
-        let Limits { burst, .. } = self.limits;
-        let (key_rate, table_rate) = self.limits.rates(kind);
-        let mut per_key: HashMap<(String, Vec<u8>), f64> = HashMap::new();
-        let mut per_table: HashMap<String, f64> = HashMap::new();
-        for c in charges {
-            if let Some(key) = &c.key {
-                *per_key.entry((c.table.clone(), key.clone())).or_default() += c.units;
-            }
-            *per_table.entry(c.table.clone()).or_default() += c.units;
-        }
-
-        for (key, units) in &per_key {
-            let ks = self.keys.entry(key.clone()).or_default();
-            if kind == Kind::Write {
-                let sum = ks.record(*units, now);
-                let max = &mut self.stats.max_key_write_units_per_sec;
-                *max = max.max(sum);
-            }
-        }
-        for ((table, key), units) in &per_key {
-            let ks = self.keys.entry((table.clone(), key.clone())).or_default();
-            if !ks
-                .buckets
-                .get(kind, key_rate, burst, now)
-                .fits(*units, key_rate, burst)
-            {
-                return Err(refused(table, kind, true));
-            }
-        }
-        if let Some(rate) = table_rate {
-            for (table, units) in &per_table {
-                let b = self.tables.entry(table.clone()).or_default();
-                if !b.get(kind, rate, burst, now).fits(*units, rate, burst) {
-                    return Err(refused(table, kind, false));
-                }
-            }
-        }
-
-        for (key, units) in per_key {
-            let ks = self.keys.entry(key).or_default();
-            ks.buckets.get(kind, key_rate, burst, now).tokens -= units;
-        }
-        for (table, units) in per_table {
-            if let Some(rate) = table_rate {
-                let b = self.tables.entry(table.clone()).or_default();
-                b.get(kind, rate, burst, now).tokens -= units;
-            }
-            match kind {
-                Kind::Write => {
-                    self.stats.write_units += units;
-                    *self.stats.per_table_write_units.entry(table).or_default() += units;
-                }
-                Kind::Read => self.stats.read_units += units,
-            }
-        }
-        self.prune(now);
-        Ok(())
-    }
-
-    /// Forgets keys that are idle with full buckets (a new key is the same),
-    /// once there are many.
-    fn prune(&mut self, now: Instant) {
-        if self.keys.len() < self.prune_at {
-            return;
-        }
-        let l = self.limits;
-        let full =
-            |b: &mut Buckets, kind, rate| b.get(kind, rate, l.burst, now).tokens >= rate * l.burst;
-        self.keys.retain(|_, ks| {
-            ks.expire(now);
-            !(ks.recent.is_empty()
-                && full(&mut ks.buckets, Kind::Write, l.key_write)
-                && full(&mut ks.buckets, Kind::Read, l.key_read))
-        });
-        self.prune_at = PRUNE_AT.max(2 * self.keys.len());
-    }
-}
-
-fn refused(table: &str, kind: Kind, per_key: bool) -> Refused {
-    let reason = match (kind, per_key) {
-        (Kind::Write, true) => "TableWriteKeyRangeThroughputExceeded",
-        (Kind::Read, true) => "TableReadKeyRangeThroughputExceeded",
-        (Kind::Write, false) => "TableWriteProvisionedThroughputExceeded",
-        (Kind::Read, false) => "TableReadProvisionedThroughputExceeded",
-    };
-    Refused {
-        table: table.to_string(),
-        reason,
-    }
 }
 
 /// What to do with one parsed request.
@@ -564,15 +352,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 return Ok(rebuild(head, bytes));
             }
             let units = capacity::scan_units(&bytes, consistent);
-            {
-                let mut state = shared.state();
-                state.stats.read_units += units;
-                if let Some(rate) = state.limits.table_read {
-                    let burst = state.limits.burst;
-                    let b = state.tables.entry(table).or_default();
-                    b.get(Kind::Read, rate, burst, Instant::now()).tokens -= units;
-                }
-            }
+            shared.state().limiter.charge_scan(&table, units);
             let rewritten =
                 wants_capacity.and_then(|_| capacity::rewrite(&op, request.as_ref()?, &bytes));
             Ok(rebuild(head, rewritten.map_or(bytes, Bytes::from)))
@@ -591,7 +371,7 @@ impl Shared {
             .and_then(Json::as_str)
             .unwrap_or_default();
         let single = |kind, charge: Option<Charge>| match charge {
-            Some(c) => match self.state().admit(kind, &[c]) {
+            Some(c) => match self.state().limiter.admit(kind, &[c]) {
                 Ok(()) => Plan::Forward,
                 Err(r) => Plan::Throttle(r),
             },
@@ -649,7 +429,7 @@ impl Shared {
                 if charges.is_empty() {
                     return Plan::Forward;
                 }
-                match self.state().admit(Kind::Write, &charges) {
+                match self.state().limiter.admit(Kind::Write, &charges) {
                     Ok(()) => Plan::Forward,
                     Err(r) => Plan::Throttle(r),
                 }
@@ -657,15 +437,8 @@ impl Shared {
             "BatchWriteItem" => self.plan_batch(req, Kind::Write).await,
             "BatchGetItem" => self.plan_batch(req, Kind::Read).await,
             "Scan" if !table.is_empty() => {
-                let mut state = self.state();
-                let Limits {
-                    burst, table_read, ..
-                } = state.limits;
-                let b = state.tables.entry(table.to_string()).or_default();
-                if let Some(rate) = table_read
-                    && b.get(Kind::Read, rate, burst, Instant::now()).tokens < 0.0
-                {
-                    return Plan::Throttle(refused(table, Kind::Read, false));
+                if let Err(r) = self.state().limiter.scan_allowed(table) {
+                    return Plan::Throttle(r);
                 }
                 let consistent = req.get("ConsistentRead").and_then(Json::as_bool) == Some(true);
                 Plan::Scan {
@@ -709,22 +482,23 @@ impl Shared {
             let Some(list) = list else {
                 return Plan::Forward;
             };
+            let charges = list.iter().map(|entry| match kind {
+                Kind::Write => match (entry.get("PutRequest"), entry.get("DeleteRequest")) {
+                    (Some(p), _) => charge(table, hash, p.get("Item"), None),
+                    (_, Some(d)) => charge(table, hash, d.get("Key"), Some(1.0)),
+                    _ => None,
+                },
+                Kind::Read => charge(table, hash, Some(entry), Some(1.0)),
+            });
+            let (admitted_entries, refusal) = state.limiter.admit_each(kind, charges);
+            if let Some(r) = refusal {
+                first_refusal.get_or_insert(r);
+            }
             let (mut ok, mut no) = (Vec::new(), Vec::new());
-            for entry in list {
-                let charge = match kind {
-                    Kind::Write => match (entry.get("PutRequest"), entry.get("DeleteRequest")) {
-                        (Some(p), _) => charge(table, hash, p.get("Item"), None),
-                        (_, Some(d)) => charge(table, hash, d.get("Key"), Some(1.0)),
-                        _ => None,
-                    },
-                    Kind::Read => charge(table, hash, Some(entry), Some(1.0)),
-                };
-                match charge.map(|c| state.admit(kind, &[c])) {
-                    Some(Err(r)) => {
-                        first_refusal.get_or_insert(r);
-                        no.push(entry.clone());
-                    }
-                    _ => ok.push(entry.clone()),
+            for (entry, admitted) in list.iter().zip(admitted_entries) {
+                match admitted {
+                    true => ok.push(entry.clone()),
+                    false => no.push(entry.clone()),
                 }
             }
             let wrap = |list: Vec<Json>| match kind {
@@ -955,18 +729,14 @@ fn error_answer(status: StatusCode, error_type: &'static str, body: String) -> R
     resp
 }
 
-/// DynamoDB's throttle answer, fields in DynamoDB's order.
+/// DynamoDB's throttle answer.
 fn throttle_error(r: &Refused) -> Response<Body> {
-    let resource = match r.table.starts_with("arn:") {
-        true => r.table.clone(),
-        false => format!("arn:aws:dynamodb:us-east-1:000000000000:table/{}", r.table),
-    };
-    let reasons = json!([{ "reason": r.reason, "resource": resource }]);
-    let body = format!(
-        r#"{{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"{THROTTLE_MESSAGE}","ThrottlingReasons":{reasons}}}"#
-    );
     let error_type = "ProvisionedThroughputExceededException";
-    error_answer(StatusCode::BAD_REQUEST, error_type, body)
+    error_answer(
+        StatusCode::BAD_REQUEST,
+        error_type,
+        limits::throttle_body(r),
+    )
 }
 
 fn internal_error() -> Response<Body> {
@@ -1235,31 +1005,6 @@ mod capacity {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bucket_refills_at_rate_up_to_capacity() {
-        let t0 = Instant::now();
-        let mut buckets = Buckets::default();
-        let b = buckets.get(Kind::Write, 10.0, 2.0, t0);
-        assert_eq!(b.tokens, 20.0);
-        b.tokens = 0.0;
-        b.refill(10.0, 2.0, t0 + Duration::from_millis(500));
-        assert!((b.tokens - 5.0).abs() < 1e-9);
-        b.refill(10.0, 2.0, t0 + Duration::from_secs(60));
-        assert_eq!(b.tokens, 20.0);
-        assert!(
-            b.fits(25.0, 10.0, 2.0),
-            "a full bucket admits an oversized item"
-        );
-        b.tokens = 19.0;
-        assert!(!b.fits(25.0, 10.0, 2.0), "only a full one");
-        assert!(
-            !Buckets::default()
-                .get(Kind::Read, 0.0, 1.0, t0)
-                .fits(1.0, 0.0, 1.0),
-            "a zero rate admits nothing"
-        );
-    }
 
     #[test]
     fn query_key_condition_is_found() {
