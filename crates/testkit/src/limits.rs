@@ -74,7 +74,7 @@ pub enum Kind {
 
 /// Units one request (or one batch entry) wants from a table and, when its
 /// partition key is known, from that key (encoded as
-/// [`rekey::value::encode_key`] encodes it).
+/// [`rekey::core::value::encode_key`] encodes it).
 #[derive(Debug, Clone)]
 pub struct Charge {
     pub table: String,

@@ -62,9 +62,9 @@ use serde_json::{Value as Json, json};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
-use rekey::plan::{KeySchema, Plan};
-use rekey::transform::{Outcome, transform};
-use rekey::value::{self, Item, Value};
+use rekey::core::plan::{KeySchema, Plan};
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::{self, Item, Value};
 
 use crate::limits::{self, Charge, Kind, Limiter, Limits, Refused};
 use items::Generator;
@@ -103,7 +103,7 @@ impl StandinOptions {
     /// `orders` → `orders_by_shard`), 4 shards, no stream records, no limits.
     pub fn new(items: u64) -> StandinOptions {
         let plan = Plan::parse(
-            rekey::demo::DEMO_PLAN,
+            rekey::ops::demo::DEMO_PLAN,
             std::path::Path::new("plans/tenant-day-shard.toml"),
         )
         .expect("the demo plan parses");

@@ -13,8 +13,8 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodbstreams::types::{OperationType, ShardIteratorType};
 use rekey::aws::{from_sdk_item, to_sdk_item};
-use rekey::transform::{Outcome, transform};
-use rekey::value::{Item, Value, item_size};
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::{Item, Value, item_size};
 use rekey_testkit::limits::Limits;
 use rekey_testkit::proxy::{Proxy, ProxyOptions};
 use rekey_testkit::standin::items::Generator;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use rekey::plan::Plan;
+use rekey::core::plan::Plan;
 use rekey_testkit::limits::Limits;
 use rekey_testkit::standin::{Standin, StandinOptions};
 

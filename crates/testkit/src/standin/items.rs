@@ -12,7 +12,7 @@
 //! (N, two decimals), `lines` (N), and `pad` (S) filling the item up to the
 //! requested size by DynamoDB's rules.
 
-use rekey::value::{Item, Value};
+use rekey::core::value::{Item, Value};
 
 use super::wire;
 
@@ -334,7 +334,7 @@ fn dec_digits(mut n: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rekey::value::item_size;
+    use rekey::core::value::item_size;
 
     #[test]
     fn items_are_reproducible_sized_and_skewed() {

@@ -12,7 +12,7 @@ use std::ops::Deref;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use rekey::value::{Item, Value};
+use rekey::core::value::{Item, Value};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 // ---- writing ----------------------------------------------------------------
@@ -135,7 +135,7 @@ pub fn read_units(bytes: usize, consistent: bool) -> f64 {
 }
 
 /// DynamoDB's size of a number: a byte per two significant digits, plus one
-/// (as `rekey::value::Value::size`).
+/// (as `rekey::core::value::Value::size`).
 pub fn number_size(text: &str) -> usize {
     number_size_bytes(text.as_bytes())
 }
@@ -210,7 +210,7 @@ pub struct ItemInfo {
     /// DynamoDB's size, attribute names included.
     pub size: usize,
     /// `(i, encoding)` for each attribute named `capture[i]` that holds a
-    /// scalar, encoded as `rekey::value::encode_key` encodes one attribute.
+    /// scalar, encoded as `rekey::core::value::encode_key` encodes one attribute.
     pub keys: Vec<(usize, Vec<u8>)>,
 }
 
@@ -662,7 +662,7 @@ impl<'de> Visitor<'de> for SingleSeed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rekey::value::{encode_key, item_size};
+    use rekey::core::value::{encode_key, item_size};
 
     #[test]
     fn sizes_and_keys_match_rekeys_item_model() {
