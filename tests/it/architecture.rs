@@ -540,3 +540,28 @@ fn the_import_reader_sees_use_trees_super_and_skips_strings_and_comments() {
         ["a → b (x)", "b → c (y)", "c → a (z)"]
     );
 }
+
+/// The shipped binary carries no test machinery: the proxy, the stand-in and
+/// the export writer are in the dev-only crate `crates/testkit`, and neither
+/// it nor an HTTP server is a dependency of `rekey` itself.
+#[test]
+fn architecture_invariant_the_shipped_binary_carries_no_test_machinery() {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .expect("Cargo.toml");
+    let deps: toml::Table =
+        toml::from_str::<toml::Table>(&manifest).expect("valid TOML")["dependencies"]
+            .as_table()
+            .cloned()
+            .expect("[dependencies]");
+    for banned in ["hyper", "hyper-util", "http-body-util", "rekey-testkit"] {
+        assert!(
+            !deps.contains_key(banned),
+            "`{banned}` is a dependency of the shipped binary"
+        );
+    }
+    let dev: toml::Table = toml::from_str::<toml::Table>(&manifest).unwrap()["dev-dependencies"]
+        .as_table()
+        .cloned()
+        .unwrap();
+    assert!(dev.contains_key("rekey-testkit"), "tests use the testkit");
+}
