@@ -1,7 +1,7 @@
 """Deterministic order items for the rekey benchmarks.
 
 A line-for-line port of the generator in examples/bench_export.rs (SplitMix64,
-same seed, same order of draws), so the DynamoDB Local tables loaded here hold
+same seed, same order of draws), so the local tables loaded here hold
 the same items as the exports the example writes. Numbers are Decimal, as
 boto3's resource API wants them.
 

@@ -22,7 +22,7 @@ one: every --poll-ms while any sample is outstanding, one BatchGetItem
 (ConsistentRead) for the oldest 10 outstanding keys, and at once for the next
 10 while a whole 10 resolves; all outstanding keys every 50 polls, in case a
 consumer applies out of order. (One GetItem per sample every 5 ms would be
-thousands of reads a second once lag grows, loading the DynamoDB Local both
+thousands of reads a second once lag grows, loading the local server both
 sides write to.) lag = time of the response that first showed it -
 written_at_ns; its resolution is the poll period plus one round trip. After
 each rate the prober waits (at most --drain seconds) for the outstanding
@@ -328,7 +328,7 @@ def report(args):
                   f"{'-' if s['apply_rate'] is None else format(s['apply_rate'], '.1f'):>9} "
                   f"{ms(s['p50_first']) + '/' + ms(s['p50_last']):>18} {'yes' if s['kept_up'] else 'NO':>7} "
                   f"{'-' if s['load1'] is None else format(s['load1'], '.1f'):>5}")
-    print("written w/s: what the writer achieved (below the rate: DynamoDB Local or the machine could not take it); "
+    print("written w/s: what the writer achieved (below the rate: the local server or the machine could not take it); "
           "apply w/s: writes applied a second from the samples' order and times, after the first "
           f"{STEADY_SKIP_S:.0f} s; kept up: all samples seen, p50 of the last third <= 1.1 x the first's "
           "+ 100 ms, and apply >= 0.97 x written; load: the machine's 1-minute load average at the end of the rate "
@@ -355,7 +355,7 @@ def report(args):
 
 def prime(source):
     """One write on the fresh stream, read back from it, before a consumer starts:
-    DynamoDB Local has answered GetRecords on a shard's first record with
+    The local server has answered GetRecords on a shard's first record with
     TrimmedDataAccessException under load, so the consumers start on a shard that
     already has one (an order item the consumers copy like any other)."""
     c = client()
@@ -427,7 +427,7 @@ def main():
     ap.add_argument("--drain", type=float, default=20.0, help="longest wait for outstanding samples after a rate, s")
     ap.add_argument("--settle", type=float, default=2.0, help="pause between rates, s")
     ap.add_argument("--warmup", type=float, default=5.0,
-                    help="s at the first rate before the measured ones, not counted (DynamoDB Local and the consumer warm up)")
+                    help="s at the first rate before the measured ones, not counted (the local server and the consumer warm up)")
     run(ap.parse_args())
 
 

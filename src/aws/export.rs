@@ -57,6 +57,7 @@
 //! ```no_run
 //! # async fn client(endpoint: &str) -> aws_sdk_s3::Client {
 //! let sdk_config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+//!     .http_client(rekey::aws::https_client())
 //!     .endpoint_url(endpoint) // e.g. "http://127.0.0.1:PORT"
 //!     .region(aws_config::Region::new("us-east-1"))
 //!     .credentials_provider(aws_sdk_s3::config::Credentials::new(

@@ -40,7 +40,7 @@ pub struct AwsOptions {
     pub endpoint_url: Option<String>,
     pub region: Option<String>,
     pub profile: Option<String>,
-    /// Fixed credentials instead of the standard chain (DynamoDB Local in tests and the demo).
+    /// Fixed credentials instead of the standard chain (the local server in tests and the demo).
     pub static_credentials: Option<(String, String)>,
     /// Attempts the SDK makes per request before an error reaches rekey.
     pub max_attempts: Option<u32>,
@@ -419,7 +419,7 @@ impl TableInfo {
 /// The shared SDK configuration: region, profile, credentials, retries.
 /// Endpoints are not set here (see [`Clients::connect`]).
 async fn load_config(opts: &AwsOptions) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(https_client());
     if let Some(region) = &opts.region {
         loader = loader.region(aws_config::Region::new(region.clone()));
     }
@@ -435,6 +435,19 @@ async fn load_config(opts: &AwsOptions) -> aws_config::SdkConfig {
         loader = loader.retry_config(RetryConfig::standard().with_max_attempts(n));
     }
     loader.load().await
+}
+
+/// The SDK's HTTP client: rustls with ring, trusting the system's
+/// certificates (Cargo.toml says why not the SDK's default one). Plain-HTTP
+/// endpoints (a local server) go through it too. Public for the tests' own
+/// SDK clients.
+pub fn https_client() -> aws_sdk_dynamodb::config::SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
 }
 
 /// Any SDK error of a call to `endpoint` as an [`AwsError`].

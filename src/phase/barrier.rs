@@ -9,7 +9,7 @@
 //! that shard is applied by then, since a shard is applied in order. Records
 //! of other shards are ordered only against themselves, so the barrier is
 //! *complete* once each other open shard has also been read to its end after
-//! the observation. On DynamoDB Local, which keeps one shard, observation is
+//! the observation. On a one-shard stream (moto's), observation is
 //! completion.
 //!
 //! The tail publishes barriers in `<state dir>/tail/status.json`; `drain`

@@ -38,7 +38,7 @@ use crate::aws::streams::{
     self, Lineage, ReadError, RecordKind, ShardInfo, ShardProgress, Start, depth, lag_and_through,
     now_secs, ready_shards, seq_key,
 };
-use crate::aws::{AwsError, Clients};
+use crate::aws::{AwsError, Clients, TableInfo};
 use crate::core::marker::marker_id;
 use crate::core::plan::{Mode, Plan, TtlDeletes};
 use crate::core::transform::{Outcome, transform};
@@ -261,40 +261,8 @@ pub async fn run(
 ) -> anyhow::Result<TailReport> {
     let info = clients.describe_table(&plan.source_table).await?;
     info.check_key(&plan.source_key, "source")?;
-    let stream = match &info.stream {
-        Some(s) if s.view == "NEW_AND_OLD_IMAGES" => s.arn.clone(),
-        Some(s) => anyhow::bail!(crate::phase::error::InputError(format!(
-            "table `{}` streams {} images; rekey needs NEW_AND_OLD_IMAGES to follow key-changing updates and deletes. \
-             The view type cannot be changed in place: disable the stream and enable it again with \
-             StreamViewType=NEW_AND_OLD_IMAGES (a new stream), before starting the backfill",
-            info.name, s.view
-        ))),
-        None => anyhow::bail!(crate::phase::error::InputError(format!(
-            "table `{}` has no stream. Enable one before the backfill starts: aws dynamodb update-table --table-name {} \
-             --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES",
-            info.name, info.name
-        ))),
-    };
-    let store = StateStore::open(&opts.state_dir.tail_store(), plan)?;
-    let rejects =
-        RejectsFile::open_truncated(&opts.rejects, store.get("tail/rejects_len")?.unwrap_or(0))?;
-    let barriers = store
-        .scan_prefix::<(BarrierState, f64)>("tail/barrier/")?
-        .into_iter()
-        .map(|(k, v)| (k.trim_start_matches("tail/barrier/").to_string(), v))
-        .collect();
-    let mut t = Tail {
-        clients,
-        plan,
-        opts,
-        store,
-        control: Control::new(None, opts.write_rate),
-        rejects,
-        report: TailReport::default(),
-        progress: HashMap::new(),
-        barriers,
-        published: None,
-    };
+    let stream = source_stream(&info)?;
+    let mut t = Tail::open(clients, plan, opts)?;
     let mut iterators: HashMap<String, String> = HashMap::new();
     let mut last_record = Instant::now();
     progress.start("tail", None);
@@ -315,92 +283,7 @@ pub async fn run(
         let turn = t.turn(&stream).await?;
         let mut got_any = false;
         for shard in &turn.ready {
-            let state = turn.states.get(shard).cloned().unwrap_or_default();
-            if let Some(at) = state.at
-                && now_secs() - at > RETENTION_SECONDS
-            {
-                anyhow::bail!(
-                    "shard {shard}: the checkpoint is older than the stream's 24-hour retention, so records were lost; \
-                         a new backfill is needed (start it with a fresh --state-dir)"
-                );
-            }
-            let iterator = match iterators.remove(shard) {
-                Some(i) => i,
-                None => {
-                    // No checkpoint: from the oldest record kept, which is at or
-                    // before the moment any backfill started after the stream
-                    // was enabled.
-                    let start = state
-                        .seq
-                        .as_deref()
-                        .map_or(Start::TrimHorizon, Start::After);
-                    streams::shard_iterator(clients, &stream, shard, start).await?
-                }
-            };
-            let read_at = now_secs();
-            let out = match streams::get_records(clients, &stream, &iterator).await {
-                Ok(o) => o,
-                // Re-get it from the checkpoint: nothing is skipped or repeated.
-                Err(ReadError::Expired) => continue,
-                Err(ReadError::Trimmed) => anyhow::bail!(
-                    "shard {shard}: records were trimmed from the stream before the tail read them (TrimmedDataAccessException); \
-                     changes were lost and a new backfill is needed"
-                ),
-                Err(ReadError::Aws(e)) => return Err(e.into()),
-            };
-            let mut changes = Vec::new();
-            let mut seq = state.seq.clone();
-            for r in out.records {
-                let change = Change {
-                    kind: match r.kind {
-                        RecordKind::Insert => ChangeKind::Insert,
-                        RecordKind::Modify => ChangeKind::Modify,
-                        RecordKind::Remove => ChangeKind::Remove,
-                    },
-                    old: r.old,
-                    new: r.new,
-                    ttl: r.ttl,
-                    at: r.created_at.unwrap_or_else(now_secs),
-                };
-                changes.push((r.seq.clone(), change));
-                seq = Some(r.seq);
-            }
-            t.report.records += changes.len() as u64;
-            got_any |= !changes.is_empty();
-            let newest = changes.last().map(|(_, c)| c.at);
-            if t.drained()? && opts.state_dir.is_backfill_done() {
-                t.apply_all(changes.into_iter().map(|(_, c)| c).collect())
-                    .await?;
-            } else {
-                let d = depth(&turn.shards, shard);
-                for (s, change) in &changes {
-                    t.store
-                        .put(&format!("tail/buf/{d:04}/{shard}/{}", seq_key(s)), change)?;
-                    t.report.buffered += 1;
-                }
-            }
-            let p = t.progress.entry(shard.clone()).or_default();
-            match newest {
-                Some(at) => p.record_at = Some(p.record_at.map_or(at, |r| r.max(at))),
-                None => p.empty_read_at = Some(read_at),
-            }
-            let finished_now = out.next.is_none();
-            if let Some(next) = out.next {
-                iterators.insert(shard.clone(), next);
-            }
-            let len = t.rejects.flush_len()?;
-            t.store.put_batch(&[
-                (
-                    &format!("tail/shard/{shard}"),
-                    serde_json::to_value(ShardState {
-                        seq,
-                        finished: finished_now,
-                        at: Some(now_secs()),
-                    })?,
-                ),
-                ("tail/rejects_len", serde_json::to_value(len)?),
-            ])?;
-            t.store.flush()?;
+            got_any |= t.read_shard(&stream, &turn, shard, &mut iterators).await?;
         }
         // Busy: about once a second. Idle: every turn, so the last word is current.
         t.publish(&turn, progress, got_any)?;
@@ -431,6 +314,154 @@ pub async fn run(
         return Err(Stopped.into());
     }
     Ok(t.report)
+}
+
+/// The source's stream ARN, or why the tail cannot follow the table.
+fn source_stream(info: &TableInfo) -> anyhow::Result<String> {
+    match &info.stream {
+        Some(s) if s.view == "NEW_AND_OLD_IMAGES" => Ok(s.arn.clone()),
+        Some(s) => anyhow::bail!(crate::phase::error::InputError(format!(
+            "table `{}` streams {} images; rekey needs NEW_AND_OLD_IMAGES to follow key-changing updates and deletes. \
+             The view type cannot be changed in place: disable the stream and enable it again with \
+             StreamViewType=NEW_AND_OLD_IMAGES (a new stream), before starting the backfill",
+            info.name, s.view
+        ))),
+        None => anyhow::bail!(crate::phase::error::InputError(format!(
+            "table `{}` has no stream. Enable one before the backfill starts: aws dynamodb update-table --table-name {} \
+             --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES",
+            info.name, info.name
+        ))),
+    }
+}
+
+impl<'a> Tail<'a> {
+    fn open(clients: &'a Clients, plan: &'a Plan, opts: &'a TailOptions) -> anyhow::Result<Self> {
+        let store = StateStore::open(&opts.state_dir.tail_store(), plan)?;
+        let rejects = RejectsFile::open_truncated(
+            &opts.rejects,
+            store.get("tail/rejects_len")?.unwrap_or(0),
+        )?;
+        let barriers = store
+            .scan_prefix::<(BarrierState, f64)>("tail/barrier/")?
+            .into_iter()
+            .map(|(k, v)| (k.trim_start_matches("tail/barrier/").to_string(), v))
+            .collect();
+        Ok(Tail {
+            clients,
+            plan,
+            opts,
+            store,
+            control: Control::new(None, opts.write_rate),
+            rejects,
+            report: TailReport::default(),
+            progress: HashMap::new(),
+            barriers,
+            published: None,
+        })
+    }
+
+    /// One GetRecords on one shard: its records applied (or buffered while the
+    /// backfill runs), then the shard's checkpoint. True when records came.
+    async fn read_shard(
+        &mut self,
+        stream: &str,
+        turn: &Turn,
+        shard: &String,
+        iterators: &mut HashMap<String, String>,
+    ) -> anyhow::Result<bool> {
+        let state = turn.states.get(shard).cloned().unwrap_or_default();
+        if let Some(at) = state.at
+            && now_secs() - at > RETENTION_SECONDS
+        {
+            anyhow::bail!(
+                "shard {shard}: the checkpoint is older than the stream's 24-hour retention, so records were lost; \
+                     a new backfill is needed (start it with a fresh --state-dir)"
+            );
+        }
+        let iterator = match iterators.remove(shard) {
+            Some(i) => i,
+            None => {
+                // No checkpoint: from the oldest record kept, which is at or
+                // before the moment any backfill started after the stream
+                // was enabled.
+                let start = state
+                    .seq
+                    .as_deref()
+                    .map_or(Start::TrimHorizon, Start::After);
+                streams::shard_iterator(self.clients, stream, shard, start).await?
+            }
+        };
+        let read_at = now_secs();
+        let out = match streams::get_records(self.clients, stream, &iterator).await {
+            Ok(o) => o,
+            // Re-get it from the checkpoint: nothing is skipped or repeated.
+            Err(ReadError::Expired) => return Ok(false),
+            Err(ReadError::Trimmed) => anyhow::bail!(
+                "shard {shard}: records were trimmed from the stream before the tail read them (TrimmedDataAccessException); \
+                 changes were lost and a new backfill is needed"
+            ),
+            Err(ReadError::Aws(e)) => return Err(e.into()),
+        };
+        let mut seq = state.seq.clone();
+        let changes: Vec<(String, Change)> = out
+            .records
+            .into_iter()
+            .map(|r| {
+                seq = Some(r.seq.clone());
+                let kind = match r.kind {
+                    RecordKind::Insert => ChangeKind::Insert,
+                    RecordKind::Modify => ChangeKind::Modify,
+                    RecordKind::Remove => ChangeKind::Remove,
+                };
+                let at = r.created_at.unwrap_or_else(now_secs);
+                let change = Change {
+                    kind,
+                    old: r.old,
+                    new: r.new,
+                    ttl: r.ttl,
+                    at,
+                };
+                (r.seq, change)
+            })
+            .collect();
+        self.report.records += changes.len() as u64;
+        let got_any = !changes.is_empty();
+        let newest = changes.last().map(|(_, c)| c.at);
+        if self.drained()? && self.opts.state_dir.is_backfill_done() {
+            self.apply_all(changes.into_iter().map(|(_, c)| c).collect())
+                .await?;
+        } else {
+            let d = depth(&turn.shards, shard);
+            for (s, change) in &changes {
+                self.store
+                    .put(&format!("tail/buf/{d:04}/{shard}/{}", seq_key(s)), change)?;
+                self.report.buffered += 1;
+            }
+        }
+        let p = self.progress.entry(shard.clone()).or_default();
+        match newest {
+            Some(at) => p.record_at = Some(p.record_at.map_or(at, |r| r.max(at))),
+            None => p.empty_read_at = Some(read_at),
+        }
+        let finished_now = out.next.is_none();
+        if let Some(next) = out.next {
+            iterators.insert(shard.clone(), next);
+        }
+        let len = self.rejects.flush_len()?;
+        self.store.put_batch(&[
+            (
+                &format!("tail/shard/{shard}"),
+                serde_json::to_value(ShardState {
+                    seq,
+                    finished: finished_now,
+                    at: Some(now_secs()),
+                })?,
+            ),
+            ("tail/rejects_len", serde_json::to_value(len)?),
+        ])?;
+        self.store.flush()?;
+        Ok(got_any)
+    }
 }
 
 /// The shard list one loop turn works from.

@@ -1,5 +1,5 @@
 // Slow on purpose: 126 s here (`cargo test --test it backfill::`, load 10 on 2 cores; 66 s as two binaries at load 4-7): the kill tests write at 150-300 WCU/s so that every kill -9 lands mid-run, and pause is watched for 4.5 s.
-//! `rekey backfill` against DynamoDB Local: the result is exactly
+//! `rekey backfill` against the local server (moto): the result is exactly
 //! transform(source); kill -9 anywhere and rerun converges without starting
 //! over; a second driver is refused; pause holds the writes. And
 //! `rekey backfill --from-export`: a DynamoDB S3 export (real layout: manifest

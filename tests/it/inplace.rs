@@ -1,5 +1,5 @@
 // Slow on purpose: 106 s here (`cargo test --test it inplace::`, load 10-12 on 2 cores; 92 s before): backfill, tail and 1,200 application writes run together, then verify and an undo under writes; the kill test writes at 150 WCU/s so the kill lands mid-run.
-//! In-place mode against DynamoDB Local: a bucketed status GSI added to a live
+//! In-place mode against the local server (moto): a bucketed status GSI added to a live
 //! table (plans/status-gsi-in-place.toml) while the application keeps
 //! changing statuses and writing whole items without the new attributes.
 //! Backfill and tail together leave every item's computed attributes right,

@@ -1,9 +1,9 @@
-//! Shard lineage, expired iterators and trimmed data. DynamoDB Local keeps one
+//! Shard lineage, expired iterators and trimmed data. The local server (moto) keeps one
 //! shard per stream, so these run against a stream test double: a small HTTP
 //! server speaking the DynamoDB Streams API (DescribeStream, GetShardIterator,
 //! GetRecords) from a recorded multi-shard scenario, reached by the real SDK
 //! through AWS_ENDPOINT_URL_DYNAMODB_STREAMS. The source table and the target
-//! are a real DynamoDB Local.
+//! are on the real local server.
 
 use std::sync::{Arc, Mutex};
 

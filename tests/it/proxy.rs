@@ -79,7 +79,7 @@ async fn hot_key_is_throttled_at_the_per_key_rate() {
     let c = client(&proxy.endpoint()).await;
 
     // Full speed: 8 writers of 3 WCU items (2.5 KB), so that even a slow,
-    // loaded DynamoDB Local (10-300 ms per write here) is offered > 20 WCU/s.
+    // loaded local server (10-300 ms per write here) is offered > 20 WCU/s.
     let start = Instant::now();
     let mut writers = tokio::task::JoinSet::new();
     for w in 0..8 {

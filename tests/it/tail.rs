@@ -1,5 +1,5 @@
 // Slow on purpose: 127 s here (`cargo test --test it tail::`, load 10 on 2 cores; 109 s before): 1,500-2,000 application writes against the local server while backfill and tail run, five kill -9 rounds of each, and a tail that exits only after 4 s idle.
-//! Backfill and tail together against DynamoDB Local while an application
+//! Backfill and tail together against the local server (moto) while an application
 //! keeps writing: inserts, updates that move an item to another target key,
 //! deletes, re-inserts of deleted keys. When the writer stops and the tail has
 //! caught up, target == transform(source) exactly.

@@ -1,5 +1,5 @@
 // Slow on purpose: 110 s here (`cargo test --test it verify::`, load 11-12 on 2 cores; 137 s before): every test backfills first; the kill test verifies 2,000 items at 15 reads/s so the kill lands mid-run; re-checks wait for a (fake or real) tail.
-//! `rekey verify` against DynamoDB Local: clean after a backfill; each kind of
+//! `rekey verify` against the local server (moto): clean after a backfill; each kind of
 //! corruption found (and key values kept off the terminal); `--repair` fixes
 //! them; kill -9 resumes; a transient difference while the tail catches up is
 //! not counted, a persistent one is, and a stalled tail leaves it unconfirmed.

@@ -22,6 +22,7 @@ use rekey_testkit::standin::{Standin, StandinOptions};
 
 async fn sdk_config(endpoint: &str) -> aws_config::SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
+        .http_client(rekey::aws::https_client())
         .endpoint_url(endpoint)
         .region("us-east-1")
         .credentials_provider(Credentials::new("test", "test", None, None, "static"))

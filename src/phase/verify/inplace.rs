@@ -8,13 +8,14 @@
 //! tail is not keeping up, candidates are unconfirmed. Not checkpointed: a
 //! rerun scans again (an in-place verify reads each item once, no target).
 
-use std::io::{BufRead as _, Write as _};
+use std::io::{BufRead as _, Write};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 
-use crate::aws::Clients;
 use crate::aws::rate::Control;
+use crate::aws::{Clients, TableInfo};
 use crate::core::plan::Plan;
 use serde::Serialize;
 
@@ -52,40 +53,87 @@ pub async fn run(
         .transpose()
         .map_err(InputError)?;
     std::fs::create_dir_all(opts.state_dir.verify_store())?;
-    let candidates_path = opts.state_dir.in_place_candidates();
-    let candidates = Arc::new(Mutex::new(std::io::BufWriter::new(std::fs::File::create(
-        &candidates_path,
-    )?)));
-    let counts = Arc::new(Mutex::new(Counts::default()));
-    progress.start("verify", Some(table.item_count));
-    let scan_opts = ScanOptions {
-        table: table.name.clone(),
-        segments: opts
-            .segments
-            .unwrap_or_else(|| scan::default_segments(table.size_bytes, 4)),
-        page_limit: opts.page_limit,
-        consistent_read: false,
-        stop: tokio_util::sync::CancellationToken::new(),
+    let pass = Pass {
+        clients,
+        plan,
+        opts,
+        table: &table,
+        read_rate,
+        candidates: opts.state_dir.in_place_candidates(),
     };
-    {
-        let (plan, candidates, counts, progress) = (
-            Arc::new(plan.clone()),
-            candidates.clone(),
-            counts.clone(),
-            progress.clone(),
-        );
+    progress.start("verify", Some(table.item_count));
+    let mut c = pass.scan(progress).await?;
+    progress.finish();
+    let scanned_by = Utc::now();
+    let mut notes = Vec::new();
+    let mismatches_path = opts.state_dir.mismatches();
+    let mut mismatches = std::io::BufWriter::new(std::fs::File::create(&mismatches_path)?);
+    let resolved = if c.pending > 0 {
+        pass.recheck(scanned_by, &mut c, &mut notes, &mut mismatches)
+            .await?
+    } else {
+        0
+    };
+    mismatches.flush()?;
+    let _ = std::fs::remove_file(&pass.candidates);
+    anyhow::ensure!(c.accounted(), "verify counters do not add up: {c:?}");
+    let result = VerifyResult {
+        source_table: plan.source_table.clone(),
+        target_table: plan.target_table.clone(),
+        plan_fingerprint: plan.fingerprint.clone(),
+        started_at,
+        finished_at: Utc::now(),
+        clean: c.differences() == 0,
+        sample_percent: None,
+        counts: c,
+    };
+    crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &result)?;
+    Ok(InPlaceVerifyReport {
+        result,
+        resolved,
+        mismatches_file: mismatches_path.display().to_string(),
+        notes,
+    })
+}
+
+/// One in-place verify: what its scan and its re-check share.
+struct Pass<'a> {
+    clients: &'a Clients,
+    plan: &'a Plan,
+    opts: &'a VerifyOptions,
+    table: &'a TableInfo,
+    read_rate: Option<f64>,
+    /// Keys of the items that differed in the scan, one JSON line each.
+    candidates: PathBuf,
+}
+
+impl Pass<'_> {
+    /// The Scan: every item checked, differing keys appended to the candidates file.
+    async fn scan(&self, progress: &Progress) -> anyhow::Result<Counts> {
+        let candidates = Arc::new(Mutex::new(std::io::BufWriter::new(std::fs::File::create(
+            &self.candidates,
+        )?)));
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let scan_opts = ScanOptions {
+            table: self.table.name.clone(),
+            segments: self
+                .opts
+                .segments
+                .unwrap_or_else(|| scan::default_segments(self.table.size_bytes, 4)),
+            page_limit: self.opts.page_limit,
+            consistent_read: false,
+            stop: tokio_util::sync::CancellationToken::new(),
+        };
+        let plan = Arc::new(self.plan.clone());
+        let (file, tally, progress) = (candidates.clone(), counts.clone(), progress.clone());
         scan::scan(
-            clients,
+            self.clients,
             &scan_opts,
             Vec::new(),
-            Arc::new(Control::new(read_rate, None)),
+            Arc::new(Control::new(self.read_rate, None)),
             move |page| {
-                let (plan, candidates, counts, progress) = (
-                    plan.clone(),
-                    candidates.clone(),
-                    counts.clone(),
-                    progress.clone(),
-                );
+                let (plan, candidates, counts, progress) =
+                    (plan.clone(), file.clone(), tally.clone(), progress.clone());
                 async move {
                     let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
                     let mut f = candidates.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,19 +154,23 @@ pub async fn run(
             },
         )
         .await?;
+        candidates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush()?;
+        Ok(*counts.lock().unwrap_or_else(|e| e.into_inner()))
     }
-    progress.finish();
-    candidates
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .flush()?;
-    let scanned_by = Utc::now();
-    let mut c = *counts.lock().unwrap_or_else(|e| e.into_inner());
-    let mut notes = Vec::new();
-    let mut resolved = 0;
-    let mismatches_path = opts.state_dir.mismatches();
-    let mut mismatches = std::io::BufWriter::new(std::fs::File::create(&mismatches_path)?);
-    if c.pending > 0 {
+
+    /// Each candidate read again once the tail has applied every write up
+    /// to the end of the scan; returns how many were resolved.
+    async fn recheck(
+        &self,
+        scanned_by: chrono::DateTime<Utc>,
+        c: &mut Counts,
+        notes: &mut Vec<String>,
+        mismatches: &mut impl Write,
+    ) -> anyhow::Result<u64> {
+        let opts = self.opts;
         let wait = wait_for_tail(
             &opts.state_dir,
             scanned_by + chrono::Duration::seconds(1),
@@ -139,17 +191,18 @@ pub async fn run(
             }
             _ => false,
         };
-        let control = Control::new(read_rate, None);
-        let file = std::io::BufReader::new(std::fs::File::open(&candidates_path)?);
+        let control = Control::new(self.read_rate, None);
+        let mut resolved = 0;
+        let file = std::io::BufReader::new(std::fs::File::open(&self.candidates)?);
         for line in file.lines() {
             let key: Item = serde_json::from_str(&line?)?;
             c.pending -= 1;
             let current = if behind {
                 None
             } else {
-                let name = table.name.as_str();
+                let name = self.table.name.as_str();
                 let out = retried(&control, name, opts.max_retries, || {
-                    item::get_item(clients, name, &key, true)
+                    item::get_item(self.clients, name, &key, true)
                 })
                 .await?;
                 Some(out)
@@ -157,7 +210,7 @@ pub async fn run(
             let (kind, diff) = match current {
                 None => ("unconfirmed", None),
                 Some(None) => ("resolved", None),
-                Some(Some(item)) => match check_item(plan, &item) {
+                Some(Some(item)) => match check_item(self.plan, &item) {
                     None => ("resolved", None),
                     Some(d) => ("different", Some(d)),
                 },
@@ -172,7 +225,7 @@ pub async fn run(
                 _ => c.different += 1,
             }
             serde_json::to_writer(
-                &mut mismatches,
+                &mut *mismatches,
                 &serde_json::json!({
                     "kind": kind,
                     "key": &key,
@@ -181,25 +234,6 @@ pub async fn run(
             )?;
             writeln!(mismatches)?;
         }
+        Ok(resolved)
     }
-    mismatches.flush()?;
-    let _ = std::fs::remove_file(&candidates_path);
-    anyhow::ensure!(c.accounted(), "verify counters do not add up: {c:?}");
-    let result = VerifyResult {
-        source_table: plan.source_table.clone(),
-        target_table: plan.target_table.clone(),
-        plan_fingerprint: plan.fingerprint.clone(),
-        started_at,
-        finished_at: Utc::now(),
-        clean: c.differences() == 0,
-        sample_percent: None,
-        counts: c,
-    };
-    crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &result)?;
-    Ok(InPlaceVerifyReport {
-        result,
-        resolved,
-        mismatches_file: mismatches_path.display().to_string(),
-        notes,
-    })
 }

@@ -433,21 +433,7 @@ pub async fn run(
     opts: &VerifyOptions,
     progress: &Progress,
 ) -> anyhow::Result<VerifyReport> {
-    if plan.mode == Mode::InPlace {
-        return Err(InputError(format!(
-            "{}: source and target are the same table; verify compares two tables",
-            plan.path.display()
-        ))
-        .into());
-    }
-    if let Some(p) = opts.sample
-        && !(p > 0.0 && p <= 100.0)
-    {
-        return Err(InputError(format!(
-            "--sample {p}: give a percentage above 0, at most 100"
-        ))
-        .into());
-    }
+    check_inputs(plan, opts)?;
     let started = Instant::now();
     let source = clients.describe_table(&plan.source_table).await?;
     source.check_key(&plan.source_key, "source")?;
@@ -466,46 +452,7 @@ pub async fn run(
 
     let store = StateStore::open(&opts.state_dir.verify_store(), plan)?;
     let expected = crate::state::claims::Claims::open(&opts.state_dir.expected_keys())?;
-    // A finished run, --restart, or a different --sample: a new run from scratch.
-    let mut meta = store.get::<RunMeta>(KEY_RUN)?;
-    let resumed = match &meta {
-        Some(m) if m.phase != Step::Done && !opts.restart && m.sample == opts.sample => true,
-        _ => {
-            for p in [
-                "verify/fwd/",
-                "verify/bwd/",
-                "verify/p2/",
-                CAND,
-                OCAND,
-                MM,
-                TOUCHED,
-                WRITES,
-                OWNER,
-            ] {
-                store.remove_prefix(p)?;
-            }
-            expected.clear()?;
-            store.remove(KEY_COUNTS)?;
-            meta = None;
-            false
-        }
-    };
-    let mut meta = match meta {
-        Some(m) => m,
-        None => {
-            let m = RunMeta {
-                started_at: Utc::now(),
-                sample: opts.sample,
-                segments: opts
-                    .segments
-                    .unwrap_or_else(|| scan::default_segments(source.size_bytes, 4)),
-                phase: Step::Forward,
-            };
-            store.put(KEY_RUN, &m)?;
-            store.flush()?;
-            m
-        }
-    };
+    let (mut meta, resumed) = open_run(&store, &expected, opts, source.size_bytes)?;
     let counts: Counts = store.get(KEY_COUNTS)?.unwrap_or_default();
     let ctx = Arc::new(Ctx {
         clients: clients.clone(),
@@ -570,20 +517,7 @@ pub async fn run(
     } else {
         None
     };
-    let sample = meta.sample.map(|percent| {
-        let compared = counts.matched + counts.mismatched();
-        SampleEstimate {
-            percent,
-            compared,
-            mismatched: counts.mismatched(),
-            mismatch_rate: if compared == 0 {
-                0.0
-            } else {
-                counts.mismatched() as f64 / compared as f64
-            },
-            mismatch_rate_upper_95: wilson_upper(counts.mismatched(), compared),
-        }
-    });
+    let sample = meta.sample.map(|percent| sample_estimate(percent, &counts));
     let notes = ctx.notes.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(VerifyReport {
         result: finished,
@@ -598,6 +532,90 @@ pub async fn run(
         sample,
         repair,
     })
+}
+
+fn check_inputs(plan: &Plan, opts: &VerifyOptions) -> anyhow::Result<()> {
+    if plan.mode == Mode::InPlace {
+        return Err(InputError(format!(
+            "{}: source and target are the same table; verify compares two tables",
+            plan.path.display()
+        ))
+        .into());
+    }
+    if let Some(p) = opts.sample
+        && !(p > 0.0 && p <= 100.0)
+    {
+        return Err(InputError(format!(
+            "--sample {p}: give a percentage above 0, at most 100"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The run to continue, or a new one: a finished run, --restart, or a
+/// different --sample starts from scratch. True when resumed.
+fn open_run(
+    store: &StateStore,
+    expected: &crate::state::claims::Claims,
+    opts: &VerifyOptions,
+    source_bytes: u64,
+) -> anyhow::Result<(RunMeta, bool)> {
+    let mut meta = store.get::<RunMeta>(KEY_RUN)?;
+    let resumed = match &meta {
+        Some(m) if m.phase != Step::Done && !opts.restart && m.sample == opts.sample => true,
+        _ => {
+            for p in [
+                "verify/fwd/",
+                "verify/bwd/",
+                "verify/p2/",
+                CAND,
+                OCAND,
+                MM,
+                TOUCHED,
+                WRITES,
+                OWNER,
+            ] {
+                store.remove_prefix(p)?;
+            }
+            expected.clear()?;
+            store.remove(KEY_COUNTS)?;
+            meta = None;
+            false
+        }
+    };
+    let meta = match meta {
+        Some(m) => m,
+        None => {
+            let m = RunMeta {
+                started_at: Utc::now(),
+                sample: opts.sample,
+                segments: opts
+                    .segments
+                    .unwrap_or_else(|| scan::default_segments(source_bytes, 4)),
+                phase: Step::Forward,
+            };
+            store.put(KEY_RUN, &m)?;
+            store.flush()?;
+            m
+        }
+    };
+    Ok((meta, resumed))
+}
+
+fn sample_estimate(percent: f64, counts: &Counts) -> SampleEstimate {
+    let compared = counts.matched + counts.mismatched();
+    SampleEstimate {
+        percent,
+        compared,
+        mismatched: counts.mismatched(),
+        mismatch_rate: if compared == 0 {
+            0.0
+        } else {
+            counts.mismatched() as f64 / compared as f64
+        },
+        mismatch_rate_upper_95: wilson_upper(counts.mismatched(), compared),
+    }
 }
 
 fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, log: PathBuf) -> tokio::task::JoinHandle<()> {

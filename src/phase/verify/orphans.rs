@@ -202,27 +202,7 @@ pub(super) async fn recheck_orphans_all(
                 ctx.note(why.clone());
                 watch_behind = Some(why);
             }
-            for (n, k) in tkeys.iter().enumerate() {
-                let Some(t) = encode_key(k, &tn).and_then(|tk| targets.get(&tk)) else {
-                    continue;
-                };
-                owners[n] = if prefix {
-                    Some(kept_source_key(&ctx.plan, t).into_iter().collect())
-                } else if watcher.is_some() {
-                    let tk = encode_key(k, &tn).unwrap_or_default();
-                    let l = ctx.ledger.lock().await;
-                    Some(
-                        l.store
-                            .scan_prefix::<Item>(&format!("{TOUCHED}{}/", hex(&tk)))?
-                            .into_iter()
-                            .map(|(_, sk)| sk)
-                            .collect(),
-                    )
-                } else {
-                    // No stream, so no tail and no live writes: the pass was exact.
-                    Some(Vec::new())
-                };
-            }
+            owners_of(ctx, watcher, &tkeys, &targets, &mut owners).await?;
             let skeys: Vec<Item> = owners.iter().flatten().flatten().cloned().collect();
             // As in the forward re-check: writes seen to each owner before it is read.
             let seen: HashMap<Vec<u8>, u64> = if watcher.is_some() && watch_behind.is_none() {
@@ -276,32 +256,76 @@ pub(super) async fn recheck_orphans_all(
                 }
             }
         }
-        let mut delta = Counts::default();
-        let mut b = StoreBatch::default();
-        for ((key, m), v) in batch.into_iter().zip(verdicts) {
-            b.remove(&key);
-            delta.pending_orphans = delta.pending_orphans.wrapping_sub(1);
-            let id = format!("{MM}o{}", &key[OCAND.len()..]);
-            match v.unwrap_or_else(|| {
-                Verdict::Unconfirmed(
-                    m,
-                    "the source item kept changing during the re-check".into(),
-                )
-            }) {
-                Verdict::Resolved => {
-                    delta.target_matched += 1;
-                    delta.resolved += 1;
-                }
-                Verdict::Confirmed(m) => {
-                    delta.orphans += 1;
-                    b.put(&id, &m)?;
-                }
-                Verdict::Unconfirmed(m, why) => {
-                    delta.unconfirmed_orphans += 1;
-                    b.put(&id, &unconfirmed(m, why))?;
-                }
+        commit_verdicts(ctx, batch, verdicts).await?;
+    }
+}
+
+/// Counts and records one batch's verdicts; a candidate still undecided
+/// after the last round is unconfirmed.
+async fn commit_verdicts(
+    ctx: &Ctx,
+    batch: Vec<(String, Mismatch)>,
+    verdicts: Vec<Option<Verdict>>,
+) -> anyhow::Result<()> {
+    let mut delta = Counts::default();
+    let mut b = StoreBatch::default();
+    for ((key, m), v) in batch.into_iter().zip(verdicts) {
+        b.remove(&key);
+        delta.pending_orphans = delta.pending_orphans.wrapping_sub(1);
+        let id = format!("{MM}o{}", &key[OCAND.len()..]);
+        match v.unwrap_or_else(|| {
+            Verdict::Unconfirmed(
+                m,
+                "the source item kept changing during the re-check".into(),
+            )
+        }) {
+            Verdict::Resolved => {
+                delta.target_matched += 1;
+                delta.resolved += 1;
+            }
+            Verdict::Confirmed(m) => {
+                delta.orphans += 1;
+                b.put(&id, &m)?;
+            }
+            Verdict::Unconfirmed(m, why) => {
+                delta.unconfirmed_orphans += 1;
+                b.put(&id, &unconfirmed(m, why))?;
             }
         }
-        ctx.ledger.lock().await.commit(b, &delta)?;
     }
+    ctx.ledger.lock().await.commit(b, &delta)?;
+    Ok(())
+}
+
+/// Who could own each target item still present (None: the item is gone).
+async fn owners_of(
+    ctx: &Ctx,
+    watcher: Option<&Watcher>,
+    tkeys: &[Item],
+    targets: &HashMap<Vec<u8>, Item>,
+    owners: &mut [Option<Vec<Item>>],
+) -> anyhow::Result<()> {
+    let (tn, prefix) = (ctx.tgt_names(), ctx.plan.source_key_prefix.is_some());
+    for (n, k) in tkeys.iter().enumerate() {
+        let Some(t) = encode_key(k, &tn).and_then(|tk| targets.get(&tk)) else {
+            continue;
+        };
+        owners[n] = if prefix {
+            Some(kept_source_key(&ctx.plan, t).into_iter().collect())
+        } else if watcher.is_some() {
+            let tk = encode_key(k, &tn).unwrap_or_default();
+            let l = ctx.ledger.lock().await;
+            Some(
+                l.store
+                    .scan_prefix::<Item>(&format!("{TOUCHED}{}/", hex(&tk)))?
+                    .into_iter()
+                    .map(|(_, sk)| sk)
+                    .collect(),
+            )
+        } else {
+            // No stream, so no tail and no live writes: the pass was exact.
+            Some(Vec::new())
+        };
+    }
+    Ok(())
 }

@@ -163,6 +163,7 @@ pub async fn s3(endpoint: &str) -> aws_sdk_s3::Client {
 
 async fn sdk_config(endpoint: &str, retries: bool) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(rekey::aws::https_client())
         .endpoint_url(endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(

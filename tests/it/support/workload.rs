@@ -23,7 +23,7 @@ pub fn order(id: u64, status: &str, v: u64) -> Item {
 
 pub const STATUSES: [&str; 3] = ["OPEN", "PAID", "SHIPPED"];
 
-/// The application: `ops` random writes against the source, as fast as DynamoDB Local takes them.
+/// The application: `ops` random writes against the source, as fast as the server takes them.
 pub async fn writer(env: &TestEnv, table: String, ids: u64, ops: usize, seed: u64) -> usize {
     let mut rng = Rng(seed);
     let c = &env.clients.dynamodb;
