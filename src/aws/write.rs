@@ -56,18 +56,28 @@ pub async fn write_batch(
         consumed: 0.0,
         refused: vec![None; items.len()],
     };
-    let mut pending = requests(items);
+    if items.is_empty() {
+        return Ok(result);
+    }
     let units: f64 = items.iter().map(|i| write_units(item_size(i)) as f64).sum();
+    // None: every item, built from `items` for each attempt (no copy kept on
+    // the common path, where one call writes them all); Some: the part
+    // DynamoDB left unprocessed, copied for each retry.
+    let mut unprocessed: Option<Vec<WriteRequest>> = None;
     let mut attempt = 0;
     let mut failures = 0;
-    while !pending.is_empty() {
+    loop {
+        let request = match &unprocessed {
+            None => requests(items),
+            Some(rest) => rest.clone(),
+        };
         // The cost is known before the call: take it up front, correct it after.
-        let estimate = units * pending.len() as f64 / items.len().max(1) as f64;
+        let estimate = units * request.len() as f64 / items.len().max(1) as f64;
         let _in_flight = control.acquire_write(estimate).await;
         let res = clients
             .dynamodb
             .batch_write_item()
-            .set_request_items(Some(HashMap::from([(table.to_string(), pending.clone())])))
+            .set_request_items(Some(HashMap::from([(table.to_string(), request)])))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
@@ -80,23 +90,25 @@ pub async fn write_batch(
                     .sum::<f64>();
                 control.write.spend(used - estimate).await;
                 result.consumed += used;
-                pending = out
+                let rest = out
                     .unprocessed_items
                     .and_then(|mut m| m.remove(table))
                     .unwrap_or_default();
-                if !pending.is_empty() {
-                    // Unprocessed items are DynamoDB's quiet way of throttling.
-                    let e = AwsError::Throttled {
-                        action: "BatchWriteItem",
-                        resource: table.into(),
-                        code: "UnprocessedItems".into(),
-                        detail: format!("{} items unprocessed", pending.len()),
-                        reasons: Vec::new(),
-                        endpoint: clients.endpoints.dynamodb.clone(),
-                    };
-                    control.write_throttled(&e, attempt).await;
-                    attempt = (attempt + 1).min(6);
+                if rest.is_empty() {
+                    break;
                 }
+                // Unprocessed items are DynamoDB's quiet way of throttling.
+                let e = AwsError::Throttled {
+                    action: "BatchWriteItem",
+                    resource: table.into(),
+                    code: "UnprocessedItems".into(),
+                    detail: format!("{} items unprocessed", rest.len()),
+                    reasons: Vec::new(),
+                    endpoint: clients.endpoints.dynamodb.clone(),
+                };
+                unprocessed = Some(rest);
+                control.write_throttled(&e, attempt).await;
+                attempt = (attempt + 1).min(6);
             }
             Err(e) => match clients.error("BatchWriteItem", table, e) {
                 // A refused call consumed nothing: give the estimate back.

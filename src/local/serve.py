@@ -25,6 +25,9 @@ rekey starts this with the interpreter of the `moto_server` it found:
   holds the key, and no alias tried before the key's own name is present,
   the upstream lookup returns `obj[key]`; so does this (see
   `_picked_value`). Everything else takes moto's own path.
+* Scan sorts the table by key values computed once per item (moto computed
+  them again in every comparison: a third of a Scan's time). The order is
+  moto's: its key comparisons are those of the same values.
 * The backend a Host header names is remembered: moto searched its list of
   modules and URL patterns again for every request (a fifth of its CPU).
 
@@ -47,7 +50,7 @@ from moto.core.serialize import (
 from moto.dynamodb.models import DynamoDBBackend
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.dynamodb.models.dynamo_type import DynamoType
-from moto.dynamodb.models.table import StreamShard
+from moto.dynamodb.models.table import StreamShard, Table
 
 _run_simple = server.run_simple
 _lock = threading.Lock()
@@ -144,6 +147,25 @@ def _backend_for_host_cached(self, host):
     return backend
 
 
+def _all_items(self):
+    """`Table.all_items`, sorted by each key's `cast_value` once: moto's sort
+    key is the `DynamoType`s, whose `<` and `==` compare their `cast_value`s
+    (and types, which are one per key attribute)."""
+    items = []
+    for hash_set in self.items.values():
+        if self.range_key_attr:
+            items.extend(hash_set.values())
+        else:
+            items.append(hash_set)
+    return sorted(
+        items,
+        key=lambda x: (x.hash_key.cast_value, x.range_key.cast_value)
+        if x.range_key
+        else x.hash_key.cast_value,
+    )
+
+
+Table.all_items = _all_items
 ResponseSerializer.get_value = _picked_value
 DomainDispatcherApplication.get_backend_for_host = _backend_for_host_cached
 StreamShard.add = _add_if_changed

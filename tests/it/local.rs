@@ -464,3 +464,226 @@ async fn concurrent_conditional_writes_are_atomic_and_recorded_in_order() {
         assert_eq!(n, &i.to_string(), "increments recorded in order");
     }
 }
+
+/// moto's own `moto_server`, without serve.py's changes: the reference the
+/// fast paths are checked against. Killed on drop.
+struct PlainMoto {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl PlainMoto {
+    fn start() -> PlainMoto {
+        let server = LocalServer::find_server(None).expect("moto_server (scripts/install-deps)");
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(server)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        let started = Instant::now();
+        while !accepts(port) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "moto_server did not listen on {port} in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        PlainMoto {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for PlainMoto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a Scan, paged and in segments, a Query, a BatchGetItem and a
+/// DescribeTable answer, as comparable values.
+async fn reads(client: &Client, table: &str) -> Vec<String> {
+    use aws_sdk_dynamodb::types::{KeysAndAttributes, ReturnConsumedCapacity};
+    let mut out = Vec::new();
+    let item = |m: &std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>| {
+        format!("{:?}", rekey::aws::from_sdk_item(m.clone()))
+    };
+    for (segment, total, limit) in [
+        (None, None, None),
+        (Some(0), Some(3), Some(7)),
+        (Some(2), Some(3), Some(5)),
+    ] {
+        let mut start = None;
+        loop {
+            let page = client
+                .scan()
+                .table_name(table)
+                .set_segment(segment)
+                .set_total_segments(total)
+                .set_limit(limit)
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await
+                .unwrap();
+            out.push(format!(
+                "scan {segment:?}/{total:?}: count {} scanned {} capacity {:?} items {:?}",
+                page.count,
+                page.scanned_count,
+                page.consumed_capacity
+                    .as_ref()
+                    .and_then(|c| c.capacity_units),
+                page.items().iter().map(item).collect::<Vec<_>>()
+            ));
+            assert!(out.len() < 500, "Scan pages never end: {out:?}");
+            match page.last_evaluated_key {
+                Some(k) => {
+                    out.push(format!("after {}", item(&k)));
+                    start = Some(k);
+                }
+                None => break,
+            }
+        }
+    }
+    let q = client
+        .query()
+        .table_name(table)
+        .key_condition_expression("pk = :p")
+        .expression_attribute_values(":p", av("tenant-3"))
+        .send()
+        .await
+        .unwrap();
+    out.push(format!(
+        "query {:?}",
+        q.items().iter().map(item).collect::<Vec<_>>()
+    ));
+    let keys = (0..5u32).map(|i| {
+        std::collections::HashMap::from([
+            ("pk".to_string(), av(&format!("tenant-{i}"))),
+            (
+                "sk".to_string(),
+                aws_sdk_dynamodb::types::AttributeValue::N(format!("{}", i * 7)),
+            ),
+        ])
+    });
+    let got = client
+        .batch_get_item()
+        .request_items(
+            table,
+            KeysAndAttributes::builder()
+                .set_keys(Some(keys.collect()))
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut batch: Vec<String> = got
+        .responses
+        .unwrap_or_default()
+        .values()
+        .flatten()
+        .map(item)
+        .collect();
+    batch.sort();
+    out.push(format!("batch get {batch:?}"));
+    let d = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .unwrap();
+    let t = d.table.unwrap();
+    out.push(format!(
+        "describe {:?} {:?} {:?}",
+        t.item_count, t.key_schema, t.attribute_definitions
+    ));
+    out
+}
+
+/// serve.py makes moto faster in three places (the response serializer's
+/// attribute lookup, Scan's sort, the backend lookup) and claims the answers
+/// are unchanged: the same writes to serve.py's moto and to moto's own
+/// `moto_server` read back the same, page by page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_paths_answer_as_moto_does() {
+    let plain = PlainMoto::start();
+    let ours = LocalServer::start(&LocalOptions::default()).await.unwrap();
+    let mut answers = Vec::new();
+    for endpoint in [plain.endpoint.as_str(), ours.endpoint()] {
+        let c = clients::dynamodb(endpoint).await;
+        c.create_table()
+            .table_name("t")
+            .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
+            .set_key_schema(Some(vec![
+                aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                    .attribute_name("pk")
+                    .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
+                    .build()
+                    .unwrap(),
+                aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                    .attribute_name("sk")
+                    .key_type(aws_sdk_dynamodb::types::KeyType::Range)
+                    .build()
+                    .unwrap(),
+            ]))
+            .set_attribute_definitions(Some(vec![
+                aws_sdk_dynamodb::types::AttributeDefinition::builder()
+                    .attribute_name("pk")
+                    .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
+                    .build()
+                    .unwrap(),
+                aws_sdk_dynamodb::types::AttributeDefinition::builder()
+                    .attribute_name("sk")
+                    .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::N)
+                    .build()
+                    .unwrap(),
+            ]))
+            .send()
+            .await
+            .unwrap();
+        // Numbers whose text order is not their numeric order; nested values.
+        for i in 0..120u32 {
+            c.put_item()
+                .table_name("t")
+                .item("pk", av(&format!("tenant-{}", i % 9)))
+                .item(
+                    "sk",
+                    aws_sdk_dynamodb::types::AttributeValue::N(format!("{}", i * 7)),
+                )
+                .item(
+                    "v",
+                    aws_sdk_dynamodb::types::AttributeValue::N(format!("{}.5", i)),
+                )
+                .item(
+                    "m",
+                    aws_sdk_dynamodb::types::AttributeValue::M(std::collections::HashMap::from([
+                        (
+                            "l".to_string(),
+                            aws_sdk_dynamodb::types::AttributeValue::L(vec![
+                                av("x"),
+                                av(&i.to_string()),
+                            ]),
+                        ),
+                    ])),
+                )
+                .send()
+                .await
+                .unwrap();
+        }
+        answers.push(reads(&c, "t").await);
+    }
+    assert!(answers[0].len() > 20, "{:?}", answers[0]);
+    for (n, (a, b)) in answers[0].iter().zip(&answers[1]).enumerate() {
+        assert_eq!(a, b, "answer {n} differs");
+    }
+    assert_eq!(answers[0].len(), answers[1].len());
+}
