@@ -1,0 +1,127 @@
+//! What the tail publishes, at most about once a second: lag,
+//! `applied_through` and barriers, into its store and `tail/status.json`
+//! (read by `status`, `drain`, `verify` and `cutover`).
+
+use super::*;
+
+impl Tail<'_> {
+    /// Lag, applied_through and barriers: into the store and status.json, at
+    /// most about once a second.
+    pub(super) fn publish(
+        &mut self,
+        turn: &Turn,
+        progress: &Progress,
+        busy: bool,
+    ) -> anyhow::Result<()> {
+        let Turn {
+            described_at,
+            shards,
+            states,
+            finished,
+            ready,
+        } = turn;
+        let described_at = *described_at;
+        if busy
+            && self
+                .published
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(900))
+        {
+            return Ok(());
+        }
+        self.published = Some(Instant::now());
+        let now = now_secs();
+        let applying = self.drained()? && self.opts.state_dir.is_backfill_done();
+        let open: Vec<&str> = ready.iter().map(String::as_str).collect();
+        let lineage = Lineage {
+            open: &open,
+            waiting: shards
+                .iter()
+                .filter(|s| !finished.contains(&s.id) && !ready.contains(&s.id))
+                .count(),
+            described_at,
+        };
+        let (lag, through) = lag_and_through(&lineage, &self.progress, now);
+        if applying {
+            for (id, (b, marker_at)) in self.barriers.iter_mut() {
+                if b.complete_at.is_none()
+                    && barrier_complete(b, *marker_at, &lineage, &self.progress)
+                {
+                    b.complete_at = Some(now);
+                    self.store
+                        .put(&format!("tail/barrier/{id}"), &(b.clone(), *marker_at))?;
+                }
+            }
+        }
+        let status = TailStatus {
+            pid: std::process::id(),
+            updated_at: time(now),
+            applied_through: (applying && through.is_finite()).then(|| time(through)),
+            lag_seconds: if applying { lag } else { None },
+            backfill_done: self.opts.state_dir.is_backfill_done(),
+            records: self.report.records,
+            buffered: self.report.buffered,
+            puts: self.report.puts,
+            deletes: self.report.deletes,
+            updates: self.report.updates,
+            rejected: self.report.rejected,
+            shards: shards
+                .iter()
+                .map(|s| {
+                    let p = self.progress.get(&s.id).cloned().unwrap_or_default();
+                    let state = if finished.contains(&s.id) {
+                        ShardPhase::Finished
+                    } else if !ready.contains(&s.id) {
+                        ShardPhase::Waiting
+                    } else if s.closed {
+                        ShardPhase::Closed
+                    } else {
+                        ShardPhase::Open
+                    };
+                    let one = Lineage {
+                        open: &[s.id.as_str()],
+                        waiting: 0,
+                        described_at,
+                    };
+                    let (shard_lag, _) = lag_and_through(&one, &self.progress, now);
+                    ShardStatus {
+                        shard_id: s.id.clone(),
+                        state,
+                        last_sequence: states.get(&s.id).and_then(|st| st.seq.clone()),
+                        last_record_at: p.record_at.map(time),
+                        lag_seconds: if state == ShardPhase::Finished {
+                            Some(0.0)
+                        } else {
+                            shard_lag
+                        },
+                    }
+                })
+                .collect(),
+            barriers: self
+                .barriers
+                .iter()
+                .map(|(k, (b, _))| (k.clone(), b.clone()))
+                .collect(),
+            stopped: false,
+        };
+        self.store.put("tail/status", &status)?;
+        let path = self.opts.state_dir.tail_snapshot();
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&status)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        let lag_text = match status.lag_seconds {
+            Some(l) => format!("lag {l:.1} s"),
+            None if applying => "lag unknown".into(),
+            None => "buffering until the backfill is done".into(),
+        };
+        progress.status(
+            format!(
+                "{} records, {} buffered, {lag_text}, {} shards",
+                self.report.records, self.report.buffered, self.report.shards
+            ),
+            serde_json::to_value(&status)?,
+        );
+        progress.update(self.report.records, 0.0);
+        Ok(())
+    }
+}
