@@ -209,8 +209,9 @@ fn committed_scanned(s: &Setup) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_driver_is_refused_and_pause_holds_writes() {
-    let s = setup(3000).await;
-    let args = backfill_args(&s, &["--write-rate", "300", "--concurrency", "4"]);
+    // 1,500 items at 150 WCU/s: ten seconds of writes, as long as the pause needs.
+    let s = setup(1500).await;
+    let args = backfill_args(&s, &["--write-rate", "150", "--concurrency", "4"]);
     let mut first = s.env.spawn(&args);
     // Committed progress: the first driver holds the store's lock.
     wait_for_progress(&s.state, Duration::from_secs(60)).await;
