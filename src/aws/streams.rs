@@ -367,8 +367,40 @@ fn streams_item(
         .collect()
 }
 
+/// Shard progress and lineage as tests write them (here and in the tail's).
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    pub(crate) fn progress(
+        entries: &[(&str, Option<f64>, Option<f64>)],
+    ) -> HashMap<String, ShardProgress> {
+        entries
+            .iter()
+            .map(|(id, record_at, empty_read_at)| {
+                (
+                    id.to_string(),
+                    ShardProgress {
+                        record_at: *record_at,
+                        empty_read_at: *empty_read_at,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    pub(crate) fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
+        Lineage {
+            open,
+            waiting: 0,
+            described_at: 1000.0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::*;
     use super::*;
 
     #[test]
@@ -389,29 +421,6 @@ mod tests {
         done.insert("a".to_string());
         assert_eq!(ready_shards(&shards, &done), vec!["b", "c", "d"]);
         assert_eq!(depth(&shards, "b"), 1);
-    }
-
-    fn progress(entries: &[(&str, Option<f64>, Option<f64>)]) -> HashMap<String, ShardProgress> {
-        entries
-            .iter()
-            .map(|(id, record_at, empty_read_at)| {
-                (
-                    id.to_string(),
-                    ShardProgress {
-                        record_at: *record_at,
-                        empty_read_at: *empty_read_at,
-                    },
-                )
-            })
-            .collect()
-    }
-
-    fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
-        Lineage {
-            open,
-            waiting: 0,
-            described_at: 1000.0,
-        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   JSON) for the export reader's tests and benchmarks.
 
 pub mod export;
+mod http;
 pub mod limits;
 pub mod proxy;
 pub mod standin;

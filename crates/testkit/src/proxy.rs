@@ -47,11 +47,11 @@ use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use rekey::core::value::{self, Item, Value};
 
@@ -174,7 +174,11 @@ impl Proxy {
                 stats: ProxyStats::default(),
             }),
         });
-        let task = tokio::spawn(serve(listener, Arc::clone(&shared)));
+        let service = {
+            let shared = Arc::clone(&shared);
+            hyper::service::service_fn(move |req| handle(Arc::clone(&shared), req))
+        };
+        let task = tokio::spawn(crate::http::serve(listener, service));
         Ok(Proxy {
             endpoint,
             shared,
@@ -211,33 +215,6 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    // Owned by this task: aborting it drops every connection.
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
-                    // Out of file descriptors or similar: don't spin.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let shared = Arc::clone(&shared);
-                conns.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(Arc::clone(&shared), req));
-                    // A service error (an injected reset) ends the connection
-                    // without a response.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
     }
 }
 

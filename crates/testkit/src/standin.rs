@@ -50,18 +50,17 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use rekey::core::plan::{KeySchema, Plan};
 use rekey::core::transform::{Outcome, transform};
@@ -354,7 +353,11 @@ impl Standin {
             started: Instant::now(),
             stats: Mutex::new(StandinStats::default()),
         });
-        let task = tokio::spawn(serve(listener, Arc::clone(&shared)));
+        let service = {
+            let shared = Arc::clone(&shared);
+            hyper::service::service_fn(move |req| handle(Arc::clone(&shared), req))
+        };
+        let task = tokio::spawn(crate::http::serve(listener, service));
         Ok(Standin {
             endpoint,
             shared,
@@ -379,30 +382,6 @@ impl Standin {
 impl Drop for Standin {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    // Owned by this task: aborting it drops every connection.
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let shared = Arc::clone(&shared);
-                conns.spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(Arc::clone(&shared), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
     }
 }
 

@@ -693,30 +693,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aws::streams::fixtures::{lineage, progress};
     use crate::core::value::Value;
-
-    fn progress(entries: &[(&str, Option<f64>, Option<f64>)]) -> HashMap<String, ShardProgress> {
-        entries
-            .iter()
-            .map(|(id, record_at, empty_read_at)| {
-                (
-                    id.to_string(),
-                    ShardProgress {
-                        record_at: *record_at,
-                        empty_read_at: *empty_read_at,
-                    },
-                )
-            })
-            .collect()
-    }
-
-    fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
-        Lineage {
-            open,
-            waiting: 0,
-            described_at: 1000.0,
-        }
-    }
 
     const PLAN: &str = r#"
 [source]
