@@ -17,6 +17,12 @@ use rekey::ops::out;
 use rekey::phase::error::Stopped;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc instead of the system allocator: a backfill builds and drops
+/// several small maps and strings per item (SDK types, items, requests), and
+/// glibc's malloc/free took a third of its CPU (BENCHMARKS.md (f3)).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     let clean = cli.command.stops_cleanly();

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::state::StateDir;
-use crate::state::claims::Claims;
+use crate::state::claims::{Claimed, Claims};
 use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};

@@ -41,8 +41,15 @@ pub(super) async fn process_page(
             Outcome::Skip => c.skipped += 1,
         }
     }
-    // Claims are durable before anything is written (see claims.rs).
-    let owners = ledger.lock().await.claims.claim_all(&pairs)?;
+    // Claims commit in memory now and on disk before this page's checkpoint
+    // (claims.rs); the ledger is not held meanwhile, so other pages' claims
+    // share the durable commit.
+    let claims = ledger.lock().await.claims.clone();
+    let Claimed {
+        pairs,
+        owners,
+        ticket,
+    } = claims.claim_all(pairs).await?;
     let mut claimed = (Vec::new(), Vec::new());
     for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(&pairs).zip(owners) {
         match owner {
@@ -74,6 +81,7 @@ pub(super) async fn process_page(
             }
         }
     }
+    claims.durable(ticket).await?;
     Ok((c, rejects))
 }
 

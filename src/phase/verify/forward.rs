@@ -109,22 +109,20 @@ pub(super) async fn forward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
         }
     }
 
-    let mut l = ctx.ledger.lock().await;
-    let mut batch = StoreBatch::default();
     // Without the prefix: the first source item to claim a target key owns it.
     // Claims are durable before the page's checkpoint (claims.rs), so a
     // redone page re-claims with the same owners.
     let others: Vec<bool> = if ctx.track_expected {
         let pairs: Vec<(Vec<u8>, Vec<u8>)> =
             puts.iter().map(|e| (e.tk.clone(), e.sk.clone())).collect();
-        l.expected
-            .claim_all(&pairs)?
-            .into_iter()
-            .map(|o| o.is_some())
-            .collect()
+        let expected = ctx.ledger.lock().await.expected.clone();
+        let claimed = expected.claim_durably(pairs).await?;
+        claimed.owners.into_iter().map(|o| o.is_some()).collect()
     } else {
         Vec::new()
     };
+    let mut l = ctx.ledger.lock().await;
+    let mut batch = StoreBatch::default();
     for (i, e) in puts.into_iter().enumerate() {
         let target = got.get(&e.tk);
         let collision = if ctx.track_expected {
