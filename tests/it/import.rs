@@ -188,6 +188,19 @@ async fn backfill_via_import_creates_the_target_as_transform_of_source() {
     assert_target(&s).await;
     assert_rejects(&s);
     assert!(s.state.join("backfill.done").exists(), "the tail may apply");
+    let status = s.env.rekey(&[
+        "status",
+        s.plan_path.to_str().unwrap(),
+        "--state-dir",
+        s.state.to_str().unwrap(),
+    ]);
+    let line = format!(
+        "import    {} objects in {}/data/; ImportTable {} COMPLETED",
+        r["import"]["objects"],
+        s.location,
+        r["import"]["import_arn"].as_str().unwrap()
+    );
+    assert!(stdout(&status).contains(&line), "{}", stdout(&status));
 
     // Objects: several parts per segment, named by segment and part, all imported.
     let names = objects(&s).await;
