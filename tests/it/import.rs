@@ -368,6 +368,37 @@ async fn kill_9_while_writing_objects_and_after_import_table_then_rerun_converge
     assert_eq!(names.len() as u64, r["import"]["objects"].as_u64().unwrap());
 }
 
+/// Someone writes into the data folder while the backfill runs: the import
+/// fails on that object, and the error names the table, the import, and
+/// DynamoDB's failure code and message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_import_is_an_error_naming_the_table_and_the_import() {
+    let s = setup(600).await;
+    let child = s.env.spawn(&args(&s, &["--read-rate", "10"]));
+    wait_for(&s.state, "a committed object", |i| {
+        i["objects"].as_u64() >= Some(1)
+    })
+    .await;
+    s.s3.put_object()
+        .bucket(BUCKET)
+        .key(format!("migrations/{}/data/zz-not-gzip.json.gz", s.target))
+        .body(Vec::from(&b"not gzip"[..]).into())
+        .send()
+        .await
+        .unwrap();
+    let out = wait_output(child).await;
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains(&format!(
+            "the import into table `{}` ended FAILED: ",
+            s.target
+        )) && e.contains(&format!(":table/{}/import/", s.target)),
+        "{e}"
+    );
+    assert!(!s.state.join("backfill.done").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_existing_target_a_used_prefix_and_an_in_place_plan_are_refused() {
     let s = setup(20).await;
