@@ -82,8 +82,9 @@
 //! code is here, in `export.rs` rather than in an `export/mod.rs` or a
 //! submodule, because `ops::iam` names the file each S3 action it grants is
 //! called in (`src/aws/export.rs` for `s3:GetObject` and `s3:ListBucket`), and
-//! its tests read that file to check the claim: every S3 call rekey makes
-//! stays in this one file.
+//! its tests read that file to check the claim: every S3 call that reads an
+//! export stays in this one file (the writes of `--via-import` are in
+//! `import.rs`).
 
 mod decode;
 mod error;

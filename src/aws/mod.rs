@@ -25,6 +25,7 @@ use crate::core::value::{Item, ScalarType, Value};
 
 pub mod endpoint;
 pub mod export;
+pub mod import;
 pub mod item;
 pub mod rate;
 pub mod retry;

@@ -7,6 +7,7 @@
 
 pub mod bucket;
 pub mod hash;
+pub mod import;
 pub mod marker;
 pub mod plan;
 pub mod template;

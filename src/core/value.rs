@@ -152,7 +152,7 @@ fn number_size(n: &str) -> usize {
 
 /// A decimal number reduced to sign, significant digits and exponent, so that
 /// `1.50`, `1.5` and `15E-1` compare equal, as DynamoDB treats them.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 struct Decimal {
     negative: bool,
     digits: String,
@@ -204,6 +204,49 @@ fn parse_number(text: &str) -> Option<Decimal> {
 /// Whether `text` is a number DynamoDB accepts: decimal, at most 38 significant digits.
 pub fn is_valid_number(text: &str) -> bool {
     matches!(parse_number(text), Some(d) if d.digits.len() <= 38)
+}
+
+/// Whether DynamoDB stores `text` as a number: [`is_valid_number`], and a
+/// magnitude from 1E-130 up to (not including) 1E+126, or zero. (A value
+/// `0.d × 10^e` lies in [10^(e-1), 10^e).)
+pub fn is_storable_number(text: &str) -> bool {
+    match parse_number(text) {
+        Some(d) if d.digits.is_empty() => true,
+        Some(d) => d.digits.len() <= 38 && (-129..=126).contains(&d.exponent),
+        None => false,
+    }
+}
+
+/// Why DynamoDB would refuse to store `value` (at attribute path `path`):
+/// a number out of its range, an empty set, a set holding an element twice.
+/// None when it stores it. BatchWriteItem answers these with a
+/// ValidationException; an import counts them as errors and skips the item.
+pub fn storage_refusal(path: &str, value: &Value) -> Option<String> {
+    fn dup<T: std::hash::Hash + Eq>(keys: impl Iterator<Item = T>) -> bool {
+        let mut seen = std::collections::HashSet::new();
+        keys.into_iter().any(|k| !seen.insert(k))
+    }
+    let empty = |n: usize| (n == 0).then(|| format!("`{path}` is an empty set"));
+    let twice = |d: bool| d.then(|| format!("`{path}` holds an element twice"));
+    let bad_number = |n: &str| {
+        (!is_storable_number(n)).then(|| format!("`{path}`: {n} is out of DynamoDB's number range"))
+    };
+    match value {
+        Value::N(n) => bad_number(n),
+        Value::Ss(v) => empty(v.len()).or_else(|| twice(dup(v.iter()))),
+        Value::Bs(v) => empty(v.len()).or_else(|| twice(dup(v.iter()))),
+        Value::Ns(v) => empty(v.len())
+            .or_else(|| v.iter().find_map(|n| bad_number(n)))
+            .or_else(|| twice(dup(v.iter().filter_map(|n| parse_number(n))))),
+        Value::M(m) => m
+            .iter()
+            .find_map(|(k, v)| storage_refusal(&format!("{path}.{k}"), v)),
+        Value::L(l) => l
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| storage_refusal(&format!("{path}[{i}]"), v)),
+        Value::S(_) | Value::B(_) | Value::Bool(_) | Value::Null => None,
+    }
 }
 
 fn numbers_equal(a: &str, b: &str) -> bool {
@@ -465,6 +508,38 @@ mod tests {
         assert!(!is_valid_number("1.2.3"));
         assert!(!is_valid_number(""));
         assert!(!is_valid_number("1".repeat(39).as_str()));
+        for ok in [
+            "0",
+            "-0.0",
+            "9.9999999999999999999999999999999999999E+125",
+            "1E-130",
+            "-1E-130",
+            "12.5",
+        ] {
+            assert!(is_storable_number(ok), "{ok}");
+        }
+        for bad in ["1E+126", "1E+200", "-1E+126", "1E-131", "0.1E-130", "x"] {
+            assert!(!is_storable_number(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn storage_refusals_name_the_attribute() {
+        let it = item(
+            r#"{"a":{"NS":["1","1.0"]},"b":{"M":{"c":{"L":[{"N":"1E+200"}]}}},"d":{"SS":["x","y"]},"e":{"N":"5"}}"#,
+        );
+        let why = |k: &str| storage_refusal(k, &it[k]);
+        assert_eq!(why("a").unwrap(), "`a` holds an element twice");
+        assert_eq!(
+            why("b").unwrap(),
+            "`b.c[0]`: 1E+200 is out of DynamoDB's number range"
+        );
+        assert_eq!(why("d"), None);
+        assert_eq!(why("e"), None);
+        assert_eq!(
+            storage_refusal("s", &Value::Ss(vec![])).unwrap(),
+            "`s` is an empty set"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::aws::AwsError;
 use crate::aws::export::ExportError;
+use crate::aws::import::ImportFailed;
 use crate::aws::rate::Rate;
 use crate::core::plan::PlanErrors;
 
@@ -39,6 +40,7 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
             return exit::BAD_INPUT;
         }
         if cause.is::<AwsError>()
+            || cause.is::<ImportFailed>()
             || cause
                 .downcast_ref::<ExportError>()
                 .is_some_and(ExportError::is_s3_call)
@@ -157,6 +159,10 @@ pub struct IamPolicyArgs {
     /// The backfill reads this export (s3://bucket/prefix, or a local directory) instead of scanning.
     #[arg(long, value_name = "LOCATION")]
     pub export: Option<String>,
+    /// The backfill creates the target with ImportTable from objects it writes here
+    /// (s3://bucket/prefix; `backfill --via-import`).
+    #[arg(long, value_name = "S3_URL")]
+    pub via_import: Option<String>,
     /// AWS account id for the ARNs (default: `*`). The region comes from --region (default: `*`).
     #[arg(long, value_name = "ID")]
     pub account: Option<String>,
@@ -206,6 +212,49 @@ pub struct CopyArgs {
     /// Export data files read at once.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub export_parallel: usize,
+    /// The target does not exist yet: write its items as gzip DynamoDB JSON objects
+    /// under s3://bucket/prefix/data/ and create it with DynamoDB's ImportTable (billed
+    /// per GB, no write capacity). The S3 endpoint is resolved as for --from-export.
+    #[arg(long, value_name = "S3_URL")]
+    pub via_import: Option<String>,
+    /// With --via-import: uncompressed size of each object (an import takes at most
+    /// 50,000): bytes, or with K, M, G (KiB, MiB, GiB).
+    #[arg(long, value_name = "SIZE", default_value = "32M")]
+    pub import_object_size: ByteSize,
+}
+
+/// A size in bytes: `1048576`, `512K`, `32M`, `1G` (binary units; `KiB`, `MiB`,
+/// `GiB` and a trailing `B` are accepted too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let upper = t.to_ascii_uppercase();
+        let digits = upper.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = match upper[digits.len()..]
+            .trim_end_matches('B')
+            .trim_end_matches('I')
+        {
+            "" => 1,
+            "K" => 1 << 10,
+            "M" => 1 << 20,
+            "G" => 1 << 30,
+            _ => return Err(format!("`{t}`: give bytes, or a number with K, M or G")),
+        };
+        match digits.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n
+                .checked_mul(unit)
+                .map(ByteSize)
+                .ok_or_else(|| format!("`{t}` is too large")),
+            _ => Err(format!(
+                "`{t}`: give a size above 0, in bytes or with K, M or G"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -448,6 +497,18 @@ mod tests {
     #[test]
     fn the_cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        let size = |s: &str| s.parse::<ByteSize>().map(|b| b.0);
+        assert_eq!(size("1048576"), Ok(1 << 20));
+        assert_eq!(size("512K"), Ok(512 << 10));
+        assert_eq!(size("32MiB"), Ok(32 << 20));
+        assert_eq!(size("1gb"), Ok(1 << 30));
+        for bad in ["", "0", "12X", "-1M", "M"] {
+            assert!(size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -60,6 +60,22 @@ pub fn render(r: &StatusReport) -> String {
             b.skipped,
             b.collisions,
         );
+        if let Some(i) = &b.import {
+            let import = match &i.import_arn {
+                Some(arn) => format!(
+                    "; ImportTable {arn} {}: {} items, {} bytes processed",
+                    i.status.as_deref().unwrap_or("started"),
+                    i.processed_items,
+                    i.processed_bytes
+                ),
+                None => "; ImportTable not called yet".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "import    {} objects in {}{import}",
+                i.objects, i.objects_at
+            );
+        }
     }
     match &r.tail {
         Some(t) => {

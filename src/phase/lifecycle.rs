@@ -156,6 +156,7 @@ pub async fn run(
     let opts = &RunOptions {
         backfill: BackfillOptions {
             stop: opts.stop.clone(),
+            tail_in_process: true,
             ..opts.backfill.clone()
         },
         verify: VerifyOptions {

@@ -117,6 +117,25 @@ pub struct BackfillStatus {
     pub wcu_per_sec: f64,
     pub write_limit: f64,
     pub throttles: u64,
+    /// `--via-import`: the objects written so far, then the import.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<ImportProgress>,
+}
+
+/// Where a `--via-import` backfill is: objects committed, then ImportTable.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct ImportProgress {
+    /// `s3://bucket/prefix/data/`: where the objects are.
+    pub objects_at: String,
+    /// Objects written and committed (over every run of this migration).
+    pub objects: u64,
+    /// Set as soon as ImportTable answered; a rerun waits for this import.
+    pub import_arn: Option<String>,
+    /// DescribeImport's status (`IN_PROGRESS`, `COMPLETED`, …).
+    pub status: Option<String>,
+    pub processed_items: u64,
+    pub processed_bytes: u64,
 }
 
 /// What the tail publishes about itself (`<state dir>/tail/status.json`).

@@ -45,6 +45,22 @@ fn backfill_text(report: &BackfillReport, undo: bool) -> String {
             t.collisions, report.rejects_file
         );
     }
+    if let Some(i) = &report.import {
+        let _ = writeln!(
+            o,
+            "  imported by ImportTable {} ({}): {} items from {} objects in {} ({} bytes processed, {} errors)",
+            i.import_arn,
+            i.status,
+            i.imported_items,
+            i.objects,
+            i.objects_at,
+            i.processed_bytes,
+            i.error_count
+        );
+    }
+    for w in &report.warnings {
+        let _ = writeln!(o, "  {w}");
+    }
     let _ = writeln!(
         o,
         "  {:.0} RCU, {:.0} WCU consumed in {:.1} s; {} write and {} read throttles {:?}",

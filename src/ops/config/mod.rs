@@ -308,6 +308,9 @@ fn backfill_options(c: &cli::CopyArgs, state_dir: StateDir, undo: bool) -> Backf
         export_files_in_parallel: c.export_parallel,
         undo,
         stop: CancellationToken::new(),
+        via_import: c.via_import.clone(),
+        import_object_bytes: c.import_object_size.0,
+        tail_in_process: false,
     }
 }
 
@@ -551,9 +554,22 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
         .map(ExportLocation::parse)
         .transpose()
         .map_err(|e| InputError(e.to_string()))?;
+    let import = match a.via_import.as_deref().map(ExportLocation::parse) {
+        None => None,
+        Some(Ok(loc @ ExportLocation::S3 { .. })) => Some(loc),
+        Some(Ok(ExportLocation::Local(p))) => {
+            return Err(InputError(format!(
+                "--via-import {}: give an s3://bucket/prefix (DynamoDB imports from S3)",
+                p.display()
+            ))
+            .into());
+        }
+        Some(Err(e)) => return Err(InputError(e.to_string()).into()),
+    };
     let options = PolicyOptions {
         commands,
         export,
+        import,
         region: aws.region.clone(),
         account: a.account.clone(),
     };

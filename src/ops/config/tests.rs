@@ -84,6 +84,9 @@ fn backfill_defaults() -> BackfillOptions {
         export_files_in_parallel: 2,
         undo: false,
         stop: CancellationToken::new(),
+        via_import: None,
+        import_object_bytes: 32 * 1024 * 1024,
+        tail_in_process: false,
     }
 }
 
@@ -230,6 +233,14 @@ fn copy_cases() -> Vec<(&'static str, String)> {
                 concurrency: 3,
                 from_export: Some("s3://b/p".into()),
                 export_files_in_parallel: 4,
+                ..backfill_defaults()
+            }),
+        ),
+        (
+            "backfill PLAN --via-import s3://b/imports/orders --import-object-size 512K",
+            dbg(BackfillOptions {
+                via_import: Some("s3://b/imports/orders".into()),
+                import_object_bytes: 512 * 1024,
                 ..backfill_defaults()
             }),
         ),
@@ -382,6 +393,15 @@ fn other_cases() -> Vec<(&'static str, String)> {
                 export: Some(ExportLocation::parse("s3://b/p").unwrap()),
                 region: Some("eu-west-1".into()),
                 account: Some("123456789012".into()),
+                ..PolicyOptions::default()
+            }),
+        ),
+        (
+            "iam-policy PLAN --command backfill --via-import s3://b/i",
+            dbg(PolicyOptions {
+                commands: vec![PolicyCommand::Backfill],
+                import: Some(ExportLocation::parse("s3://b/i").unwrap()),
+                ..PolicyOptions::default()
             }),
         ),
     ]

@@ -251,6 +251,9 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             export_files_in_parallel: 1,
             undo: false,
             stop: stop.clone(),
+            via_import: None,
+            import_object_bytes: crate::core::import::DEFAULT_OBJECT_BYTES,
+            tail_in_process: true,
         },
         tail: TailOptions {
             rejects: state_dir.tail_rejects(),

@@ -22,17 +22,33 @@ impl Ledger {
         page: &Counters,
         rejects: &[(Item, String)],
     ) -> anyhow::Result<()> {
+        self.commit_with(key, state, page, rejects, &[])
+    }
+
+    /// [`Ledger::commit`], with `extra` entries in the same batch (an
+    /// import's next part number).
+    pub(super) fn commit_with(
+        &mut self,
+        key: &str,
+        state: &serde_json::Value,
+        page: &Counters,
+        rejects: &[(Item, String)],
+        extra: &[(&str, serde_json::Value)],
+    ) -> anyhow::Result<()> {
         for (item, reason) in rejects {
             self.rejects.write(item, reason)?;
         }
         let len = self.rejects.flush_len()?;
         self.totals.add(page);
         self.this_run.add(page);
-        self.store.put_batch(&[
+        let (counters, rejects_len) = (self.keys.counters(), self.keys.rejects_len());
+        let mut entries = vec![
             (key, state.clone()),
-            (&self.keys.counters(), serde_json::to_value(self.totals)?),
-            (&self.keys.rejects_len(), serde_json::to_value(len)?),
-        ])?;
+            (counters.as_str(), serde_json::to_value(self.totals)?),
+            (rejects_len.as_str(), serde_json::to_value(len)?),
+        ];
+        entries.extend(extra.iter().cloned());
+        self.store.put_batch(&entries)?;
         self.store.flush()?;
         Ok(())
     }

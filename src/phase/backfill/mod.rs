@@ -56,12 +56,17 @@ use crate::state::control::ControlFile;
 use crate::state::rejects::RejectsFile;
 use crate::state::{BackfillStage, StateStore};
 
+mod import;
 mod ledger;
 mod page;
 mod source;
 mod status;
 mod writer;
 
+pub use import::ImportReport;
+
+use crate::core::import as core_import;
+use import::*;
 use ledger::*;
 use page::*;
 use source::*;
@@ -69,7 +74,7 @@ use status::*;
 use writer::*;
 
 use crate::aws::TableInfo;
-use crate::state::snapshot::BackfillStatus;
+use crate::state::snapshot::{BackfillStatus, ImportProgress};
 
 #[derive(Debug, Clone)]
 pub struct BackfillOptions {
@@ -98,6 +103,14 @@ pub struct BackfillOptions {
     /// In place only: remove what the plan added instead (`rekey undo`), with
     /// checkpoints of its own.
     pub undo: bool,
+    /// `s3://bucket/prefix`: the target does not exist yet; write its items
+    /// there as objects and create it with ImportTable (no write capacity).
+    pub via_import: Option<String>,
+    /// Uncompressed bytes per import object.
+    pub import_object_bytes: u64,
+    /// The tail runs in this process (`rekey run`): the stream's retention
+    /// cannot run out under it.
+    pub tail_in_process: bool,
 }
 
 /// Counters committed with each checkpoint.
@@ -145,6 +158,12 @@ pub struct BackfillReport {
     pub throttles: ThrottleStats,
     pub elapsed_seconds: f64,
     pub rejects_file: String,
+    /// `--via-import`: the objects and the import.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub import: Option<ImportReport>,
+    /// What the operator was warned of (also shown as it happened).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The checkpoint keys of one job: `backfill/…`, or `undo/…` for the undo of
@@ -173,13 +192,22 @@ impl Keys {
     }
 }
 
-/// The tables, checked against the plan: (source, target).
-async fn tables(clients: &Clients, plan: &Plan) -> anyhow::Result<(TableInfo, TableInfo)> {
+/// The tables, checked against the plan: (source, target). No target with
+/// `--via-import`: the import creates it ([`ImportSink::open`] checks that
+/// it does not exist yet).
+async fn tables(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &BackfillOptions,
+) -> anyhow::Result<(TableInfo, Option<TableInfo>)> {
     let source = clients.describe_table(&plan.source_table).await?;
     source.check_key(&plan.source_key, "source")?;
+    if opts.via_import.is_some() {
+        return Ok((source, None));
+    }
     let target = clients.describe_table(&plan.target_table).await?;
     target.check_key(&plan.target_key, "target")?;
-    Ok((source, target))
+    Ok((source, Some(target)))
 }
 
 fn check_undo(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<()> {
@@ -205,6 +233,7 @@ fn check_undo(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<()> {
 fn open_ledger(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<(Ledger, bool)> {
     let keys = Keys::of(opts.undo);
     let store = StateStore::open(&opts.state_dir, plan)?;
+    import::check_resume(&store, opts)?;
     let totals: Counters = store.get(&keys.counters())?.unwrap_or_default();
     let resumed = store.get::<BackfillStage>(&keys.phase())?.is_some();
     store.put(&keys.phase(), &BackfillStage::Backfilling)?;
@@ -223,22 +252,25 @@ fn open_ledger(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<(Ledger, b
 }
 
 /// The read and write budgets, from the operator's rates and the tables'
-/// provisioned capacity.
+/// provisioned capacity. No write budget into an import: it spends none.
 fn control(
     opts: &BackfillOptions,
     source: &TableInfo,
-    target: &TableInfo,
+    target: Option<&TableInfo>,
 ) -> anyhow::Result<Control> {
     let read_rate = opts
         .read_rate
         .map(|r| r.resolve(&source.name, source.provisioned_read, "read"))
         .transpose()
         .map_err(InputError)?;
-    let write_rate = opts
-        .write_rate
-        .resolve(&target.name, target.provisioned_write, "write")
+    let write_rate = target
+        .map(|t| {
+            opts.write_rate
+                .resolve(&t.name, t.provisioned_write, "write")
+        })
+        .transpose()
         .map_err(InputError)?;
-    Ok(Control::new(read_rate, Some(write_rate)))
+    Ok(Control::new(read_rate, write_rate))
 }
 
 pub async fn run(
@@ -248,30 +280,28 @@ pub async fn run(
     progress: &Progress,
 ) -> anyhow::Result<BackfillReport> {
     check_undo(plan, opts)?;
+    import::check_options(plan, opts)?;
     let started = Instant::now();
-    let (source, target) = tables(clients, plan).await?;
+    let (source, target) = tables(clients, plan, opts).await?;
     let (ledger, resumed) = open_ledger(plan, opts)?;
     let live = Arc::new(AtomicU64::new(ledger.totals.scanned));
     let ledger = Arc::new(Mutex::new(ledger));
-    let control = Arc::new(control(opts, &source, &target)?);
+    let control = Arc::new(control(opts, &source, target.as_ref())?);
+    let mut warnings = Vec::new();
+    let import = match &opts.via_import {
+        None => None,
+        Some(_) => {
+            let (sink, note) =
+                ImportSink::open(clients, plan, opts, &source, &ledger, control.clone()).await?;
+            warnings.extend(note);
+            Some(Arc::new(sink))
+        }
+    };
+    for w in &warnings {
+        progress.note(w);
+    }
     let writer = Arc::new(Writer::new(clients, plan, opts, control.clone()));
     let consumed_rcu = Arc::new(Mutex::new(0.0f64));
-
-    progress.start(
-        if opts.undo { "undo" } else { "backfill" },
-        Some(source.item_count),
-    );
-    let ticker = Ticker {
-        control: control.clone(),
-        writer: writer.clone(),
-        ledger: ledger.clone(),
-        dir: opts.state_dir.clone(),
-        live: live.clone(),
-        consumed_rcu: consumed_rcu.clone(),
-        progress: progress.clone(),
-        expected_items: source.item_count,
-    }
-    .spawn();
     let drive = Drive {
         clients,
         plan: Arc::new(plan.clone()),
@@ -282,26 +312,50 @@ pub async fn run(
         consumed_rcu: consumed_rcu.clone(),
         direction: opts.undo.then_some(Direction::Undo),
         stop: opts.stop.clone(),
+        import: import.clone(),
     };
-    let (result, segments) = match &opts.from_export {
-        None => {
-            let segments = drive.segments(opts.segments, source.size_bytes).await?;
-            (drive.scan(segments, opts.page_limit).await, segments)
+    let segments = if import.as_ref().is_some_and(|s| s.started()) {
+        // ImportTable was called: every page is in an object already.
+        drive
+            .ledger
+            .lock()
+            .await
+            .store
+            .get(&Keys::of(false).segments())?
+            .unwrap_or(0)
+    } else {
+        read_pages(&drive, opts, &source, progress).await?
+    };
+
+    let books = |totals| Books {
+        dir: &opts.state_dir,
+        totals,
+        expected_items: source.item_count,
+    };
+    if opts.stop.is_cancelled() {
+        let l = ledger.lock().await;
+        return Err(stopped(&l, opts, &source, import.as_deref()));
+    }
+    let import_report = match &import {
+        None => None,
+        Some(sink) => {
+            let totals = ledger.lock().await.totals;
+            let Some(r) = sink
+                .import(plan, &ledger, books(totals), progress, &opts.stop)
+                .await?
+            else {
+                let l = ledger.lock().await;
+                return Err(stopped(&l, opts, &source, import.as_deref()));
+            };
+            if let Some(note) = error_note(plan, &r) {
+                progress.note(&note);
+                warnings.push(note);
+            }
+            Some(r)
         }
-        Some(loc) => (drive.export(loc, opts.export_files_in_parallel).await, 0),
     };
-    ticker.abort();
-    let _ = ticker.await;
-    progress.finish();
-    result?;
 
     let mut ledger = ledger.lock().await;
-    if opts.stop.is_cancelled() {
-        ledger.store.flush()?;
-        let status = snapshot(&ledger.totals, source.item_count, Ending::Stopped, None);
-        crate::state::snapshot::publish(&opts.state_dir.backfill_snapshot(), &status)?;
-        return Err(Stopped.into());
-    }
     let phase = ledger.keys.phase();
     ledger.store.put(&phase, &BackfillStage::BackfillDone)?;
     ledger.store.flush()?;
@@ -310,7 +364,19 @@ pub async fn run(
         opts.state_dir.mark_backfill_done()?;
     }
     ledger.rejects.flush_len()?;
-    let status = snapshot(&ledger.totals, source.item_count, Ending::Done, None);
+    let last = import_report
+        .as_ref()
+        .zip(import.as_deref())
+        .map(|(r, sink)| BackfillStatus {
+            import: Some(ImportProgress {
+                status: Some(r.status.clone()),
+                processed_items: r.processed_items,
+                processed_bytes: r.processed_bytes,
+                ..sink.progress()
+            }),
+            ..Default::default()
+        });
+    let status = snapshot(&ledger.totals, source.item_count, Ending::Done, last);
     crate::state::snapshot::publish(&opts.state_dir.backfill_snapshot(), &status)?;
     Ok(BackfillReport {
         source_table: plan.source_table.clone(),
@@ -324,7 +390,71 @@ pub async fn run(
         throttles: control.stats().await,
         elapsed_seconds: started.elapsed().as_secs_f64(),
         rejects_file: opts.rejects.display().to_string(),
+        import: import_report,
+        warnings,
     })
+}
+
+/// Reads every page (Scan or export) under the ticker, and with
+/// `--via-import` writes the parts still open; returns the segment count.
+async fn read_pages(
+    drive: &Drive<'_>,
+    opts: &BackfillOptions,
+    source: &TableInfo,
+    progress: &Progress,
+) -> anyhow::Result<u32> {
+    progress.start(
+        if opts.undo { "undo" } else { "backfill" },
+        Some(source.item_count),
+    );
+    let ticker = Ticker {
+        control: drive.control.clone(),
+        writer: drive.writer.clone(),
+        ledger: drive.ledger.clone(),
+        dir: opts.state_dir.clone(),
+        live: drive.live.clone(),
+        consumed_rcu: drive.consumed_rcu.clone(),
+        progress: progress.clone(),
+        expected_items: source.item_count,
+        import: drive.import.clone(),
+    }
+    .spawn();
+    let (mut result, segments) = match &opts.from_export {
+        None => match drive.segments(opts.segments, source.size_bytes).await {
+            Ok(segments) => (drive.scan(segments, opts.page_limit).await, segments),
+            Err(e) => (Err(e), 0),
+        },
+        Some(loc) => (drive.export(loc, opts.export_files_in_parallel).await, 0),
+    };
+    if let (Ok(()), Some(sink)) = (&result, &drive.import) {
+        // After the last page, or a stop: what waits in open parts is written.
+        result = sink.flush_all(&drive.ledger).await;
+    }
+    ticker.abort();
+    let _ = ticker.await;
+    progress.finish();
+    result.map(|()| segments)
+}
+
+/// A stop: what is committed stays, the snapshot says stopped.
+fn stopped(
+    ledger: &Ledger,
+    opts: &BackfillOptions,
+    source: &TableInfo,
+    import: Option<&ImportSink>,
+) -> anyhow::Error {
+    if let Err(e) = ledger.store.flush() {
+        return e.into();
+    }
+    let live = import.map(|sink| BackfillStatus {
+        import: Some(sink.progress()),
+        ..Default::default()
+    });
+    let status = snapshot(&ledger.totals, source.item_count, Ending::Stopped, live);
+    match crate::state::snapshot::publish(&opts.state_dir.backfill_snapshot(), &status) {
+        Ok(()) => Stopped.into(),
+        Err(e) => e,
+    }
 }
 
 #[cfg(test)]

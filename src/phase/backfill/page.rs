@@ -3,15 +3,26 @@
 
 use super::*;
 
+/// Where a page's target items go: the target table (BatchWriteItem), or,
+/// with `--via-import`, the open S3 object of the page's stream.
+#[derive(Clone, Copy)]
+pub(super) enum Put<'a> {
+    Table(&'a Writer),
+    Import(&'a ImportSink, &'a str),
+}
+
 /// Transform, claim and write one page's items; returns its counters and rejects.
 pub(super) async fn process_page(
-    writer: &Writer,
+    put: Put<'_>,
     ledger: &Mutex<Ledger>,
     plan: &Plan,
     items: &[Item],
     direction: Option<Direction>,
 ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
     if plan.mode == Mode::InPlace {
+        let Put::Table(writer) = put else {
+            anyhow::bail!("in place, items are updated in the table, never imported");
+        };
         let direction = direction.unwrap_or(Direction::Forward);
         return process_page_in_place(writer, plan, items, direction).await;
     }
@@ -72,7 +83,11 @@ pub(super) async fn process_page(
         }
     }
     let (puts, sources) = claimed;
-    for (refused, src) in writer.write(puts).await?.into_iter().zip(sources) {
+    let refusals = match put {
+        Put::Table(writer) => writer.write(puts).await?,
+        Put::Import(sink, stream) => sink.add(ledger, plan, stream, puts).await?,
+    };
+    for (refused, src) in refusals.into_iter().zip(sources) {
         match refused {
             None => c.written += 1,
             Some(reason) => {

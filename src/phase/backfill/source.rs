@@ -15,6 +15,45 @@ pub(super) struct Drive<'a> {
     /// `Some(Undo)` for `rekey undo`; in-place plans otherwise go forward.
     pub(super) direction: Option<Direction>,
     pub(super) stop: CancellationToken,
+    /// `--via-import`: pages go into S3 objects, committed with them.
+    pub(super) import: Option<Arc<ImportSink>>,
+}
+
+/// Where a page of `stream` goes.
+fn put<'a>(writer: &'a Writer, import: &'a Option<Arc<ImportSink>>, stream: &'a str) -> Put<'a> {
+    match import {
+        Some(sink) => Put::Import(sink, stream),
+        None => Put::Table(writer),
+    }
+}
+
+/// A page read, transformed and written: what its checkpoint commits.
+pub(super) struct PageDone {
+    /// The checkpoint's key (a segment's or an export file's).
+    pub(super) key: String,
+    /// The resume point after this page.
+    pub(super) state: serde_json::Value,
+    pub(super) counts: Counters,
+    pub(super) rejects: Vec<(Item, String)>,
+    /// The stream's last page, or a stop: an open import part is written now.
+    pub(super) last: bool,
+}
+
+/// A page of `stream` is done: commit it now, or, into S3 objects, with
+/// its stream's open part (at once when `last`).
+async fn commit_page(
+    ledger: &Mutex<Ledger>,
+    import: &Option<Arc<ImportSink>>,
+    stream: &str,
+    page: PageDone,
+) -> anyhow::Result<()> {
+    match import {
+        None => ledger
+            .lock()
+            .await
+            .commit(&page.key, &page.state, &page.counts, &page.rejects),
+        Some(sink) => sink.commit(ledger, stream, page).await,
+    }
 }
 
 /// How far one export data file is done.
@@ -71,24 +110,28 @@ impl Drive<'_> {
             self.consumed_rcu.clone(),
             self.live.clone(),
         );
-        let direction = self.direction;
+        let (direction, import, stop) = (self.direction, self.import.clone(), self.stop.clone());
         scan::scan(
             self.clients,
             &scan_opts,
             starts,
             self.control.clone(),
             move |page: Page| {
-                let (writer, ledger, plan, consumed_rcu, live) = (
+                let (writer, ledger, plan, consumed_rcu, live, import, stop) = (
                     writer.clone(),
                     ledger.clone(),
                     plan.clone(),
                     consumed_rcu.clone(),
                     live.clone(),
+                    import.clone(),
+                    stop.clone(),
                 );
                 async move {
                     *consumed_rcu.lock().await += page.consumed;
+                    let stream = core_import::segment_stream(page.segment);
+                    let to = put(&writer, &import, &stream);
                     let (mut counts, rejects) =
-                        process_page(&writer, &ledger, &plan, &page.items, direction).await?;
+                        process_page(to, &ledger, &plan, &page.items, direction).await?;
                     counts.scanned += page.unreadable;
                     counts.rejected += page.unreadable;
                     live.fetch_add(counts.scanned, Ordering::Relaxed);
@@ -96,9 +139,14 @@ impl Drive<'_> {
                         Some(k) => SegState::After(k.clone()),
                         None => SegState::Done,
                     };
-                    let mut l = ledger.lock().await;
-                    let key = l.keys.seg(page.segment);
-                    l.commit(&key, &serde_json::to_value(&state)?, &counts, &rejects)
+                    let done = PageDone {
+                        key: ledger.lock().await.keys.seg(page.segment),
+                        state: serde_json::to_value(&state)?,
+                        counts,
+                        rejects,
+                        last: page.next.is_none() || stop.is_cancelled(),
+                    };
+                    commit_page(&ledger, &import, &stream, done).await
                 }
             },
         )
@@ -150,6 +198,7 @@ impl Drive<'_> {
         file: &DataFile,
     ) -> anyhow::Result<()> {
         let key = format!("backfill/file/{}", file.key);
+        let stream = core_import::export_stream(&file.key);
         let done = match self.ledger.lock().await.store.get::<FileState>(&key)? {
             Some(FileState::Done) => return Ok(()),
             Some(FileState::Lines(n)) => n,
@@ -175,19 +224,22 @@ impl Drive<'_> {
                     }
                 }
                 if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
+                    let to = put(&self.writer, &self.import, &stream);
                     let (mut counts, mut rejects) =
-                        process_page(&self.writer, &self.ledger, &self.plan, &page, None).await?;
+                        process_page(to, &self.ledger, &self.plan, &page, None).await?;
                     counts.scanned += bad.len() as u64;
                     counts.rejected += bad.len() as u64;
                     rejects.append(&mut bad);
                     self.live.fetch_add(counts.scanned, Ordering::Relaxed);
                     lines = last_line;
-                    self.ledger.lock().await.commit(
-                        &key,
-                        &serde_json::to_value(FileState::Lines(lines))?,
-                        &counts,
-                        &rejects,
-                    )?;
+                    let done = PageDone {
+                        key: key.clone(),
+                        state: serde_json::to_value(FileState::Lines(lines))?,
+                        counts,
+                        rejects,
+                        last: at_end || self.stop.is_cancelled(),
+                    };
+                    commit_page(&self.ledger, &self.import, &stream, done).await?;
                     page.clear();
                     if self.stop.is_cancelled() {
                         // Checkpointed: the rest of the file is read on resume.
@@ -206,6 +258,10 @@ impl Drive<'_> {
             return Ok(());
         }
         read?;
+        if let Some(sink) = &self.import {
+            // The file's last pages are in an object before it is done.
+            sink.flush_stream(&self.ledger, &stream).await?;
+        }
         let l = self.ledger.lock().await;
         l.store.put(&key, &FileState::Done)?;
         l.store.flush()?;

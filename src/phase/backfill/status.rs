@@ -15,6 +15,8 @@ pub(super) struct Ticker {
     pub(super) consumed_rcu: Arc<Mutex<f64>>,
     pub(super) progress: Progress,
     pub(super) expected_items: u64,
+    /// `--via-import`: objects instead of write units.
+    pub(super) import: Option<Arc<ImportSink>>,
 }
 
 /// How the backfill ended, for its last snapshot.
@@ -101,9 +103,14 @@ impl Ticker {
         let write_limit = self.control.write.rate().await.unwrap_or(0.0);
         let paused = self.control.is_paused();
         let throttles = stats.write_throttles + stats.read_throttles;
+        let import = self.import.as_ref().map(|s| s.progress());
+        let writes = match &import {
+            Some(i) => format!("{} objects in {}", i.objects, i.objects_at),
+            None => format!("{wcu_s:.0} WCU/s (limit {write_limit:.0})"),
+        };
         self.progress.status(
             format!(
-                "{rcu_s:.0} RCU/s, {wcu_s:.0} WCU/s (limit {write_limit:.0}), written {written}, rejects {rejected}, throttles {throttles}{}",
+                "{rcu_s:.0} RCU/s, {writes}, written {written}, rejects {rejected}, throttles {throttles}{}",
                 if paused { ", PAUSED" } else { "" }
             ),
             serde_json::json!({
@@ -115,6 +122,7 @@ impl Ticker {
                 "throttles": stats,
                 "paused": paused,
                 "writes_in_flight": self.control.writes_in_flight(),
+                "import": import,
             }),
         );
         BackfillStatus {
@@ -125,6 +133,7 @@ impl Ticker {
             wcu_per_sec: wcu_s,
             write_limit,
             throttles,
+            import,
             ..Default::default()
         }
     }

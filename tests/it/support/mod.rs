@@ -308,7 +308,7 @@ pub fn repo_path(rel: &str) -> PathBuf {
 }
 
 /// The report of a `--json` run: the last line of its event stream, with
-/// every earlier line a progress event.
+/// every earlier line a progress event or a note.
 pub fn report(o: &Output) -> serde_json::Value {
     let text = stdout(o);
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -318,7 +318,7 @@ pub fn report(o: &Output) -> serde_json::Value {
     for e in events {
         let v: serde_json::Value =
             serde_json::from_str(e).unwrap_or_else(|err| panic!("event line {e}: {err}"));
-        assert_eq!(v["event"], "progress", "{e}");
+        assert!(v["event"] == "progress" || v["event"] == "note", "{e}");
     }
     let v: serde_json::Value =
         serde_json::from_str(last).unwrap_or_else(|err| panic!("report line {last}: {err}"));

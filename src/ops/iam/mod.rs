@@ -31,6 +31,18 @@
 //!   (`ForAllValues:StringLike`, which takes wildcards). ⁵ the re-checks
 //!   watch the stream for writes made while they run (watch.rs).
 //!
+//! With `--via-import` (a backfill into a table that does not exist yet), the
+//! backfill calls no write on the target: it checks that the table is not
+//! there (DescribeTable), writes objects under `<prefix>/data/`
+//! (`s3:PutObject`; `s3:DeleteObject` of a part a killed run may have left
+//! with nothing to go in it; `s3:ListBucket` to check the folder is empty
+//! first), then calls `dynamodb:ImportTable` on the target and
+//! `dynamodb:DescribeImport` on `table/<target>/import/*`. DynamoDB reads
+//! the objects and logs to CloudWatch with the caller's permissions
+//! ([`IMPORT_ON_BEHALF`]: `s3:GetObject`, `s3:ListBucket` and `logs:*` on
+//! `/aws-dynamodb/*`), so those are granted too, though rekey never calls
+//! them for an import.
+//!
 //! No index ARN is granted: rekey never reads an index, and DynamoDB
 //! maintains a table's indexes on writes without index permissions.
 //! `dynamodb:CreateTable` (and `dynamodb:UpdateTable`, with which the demo
@@ -75,6 +87,8 @@ pub struct PolicyOptions {
     pub commands: Vec<PolicyCommand>,
     /// The backfill reads this export instead of scanning the source.
     pub export: Option<ExportLocation>,
+    /// The backfill creates the target with ImportTable from objects here.
+    pub import: Option<ExportLocation>,
     /// `*` when not given.
     pub region: Option<String>,
     /// `*` when not given.
@@ -156,8 +170,39 @@ pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "s3:ListBucket",
         ".list_objects_v2()",
-        &["src/aws/export.rs"],
+        &["src/aws/export.rs", "src/aws/import.rs"],
     ),
+    used("s3:PutObject", ".put_object()", &["src/aws/import.rs"]),
+    used(
+        "s3:DeleteObject",
+        ".delete_object()",
+        &["src/aws/import.rs"],
+    ),
+    used(
+        "dynamodb:ImportTable",
+        ".import_table()",
+        &["src/aws/import.rs"],
+    ),
+    used(
+        "dynamodb:DescribeImport",
+        ".describe_import()",
+        &["src/aws/import.rs"],
+    ),
+];
+
+/// What DynamoDB's ImportTable does with the caller's permissions (AWS's
+/// guide to requesting an import): it reads the objects and writes its
+/// CloudWatch log. Granted with `--via-import` only; rekey calls none of
+/// these for an import.
+pub const IMPORT_ON_BEHALF: &[&str] = &[
+    "s3:GetObject",
+    "s3:ListBucket",
+    "logs:CreateLogGroup",
+    "logs:CreateLogStream",
+    "logs:DescribeLogGroups",
+    "logs:DescribeLogStreams",
+    "logs:PutLogEvents",
+    "logs:PutRetentionPolicy",
 ];
 
 /// The partition-key prefix of the drain barrier's marker items.
@@ -173,6 +218,10 @@ pub mod sid {
     pub const MARKER: &str = "DrainBarrierMarker";
     pub const EXPORT_OBJECTS: &str = "ReadExport";
     pub const EXPORT_LIST: &str = "ListExport";
+    pub const IMPORT_JOB: &str = "ImportJob";
+    pub const IMPORT_OBJECTS: &str = "ImportObjects";
+    pub const IMPORT_LIST: &str = "ListImportObjects";
+    pub const IMPORT_LOGS: &str = "ImportLogs";
 }
 
 fn table_arn(o: &PolicyOptions, table: &str) -> String {
@@ -190,12 +239,15 @@ struct Needs {
     stream: BTreeSet<&'static str>,
     marker: BTreeSet<&'static str>,
     export: bool,
+    import: bool,
 }
 
 /// What of the plan and the options changes the actions needed.
 struct Scope {
     /// The backfill reads an S3 export instead of scanning.
     export: bool,
+    /// The backfill creates the target with ImportTable (never in place).
+    import: bool,
     /// The plan sets attributes on its own table, with conditional UpdateItem
     /// (and a consistent GetItem after a failed condition) instead of puts
     /// and deletes; `rekey undo` needs what the backfill needs.
@@ -204,7 +256,11 @@ struct Scope {
 
 fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
     use PolicyCommand::*;
-    let Scope { export, in_place } = *scope;
+    let Scope {
+        export,
+        import,
+        in_place,
+    } = *scope;
     let mut n = Needs::default();
     for c in commands {
         match c {
@@ -222,6 +278,10 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                         "dynamodb:UpdateItem",
                         "dynamodb:GetItem",
                     ]);
+                } else if import {
+                    n.target
+                        .extend(["dynamodb:DescribeTable", "dynamodb:ImportTable"]);
+                    n.import = true;
                 } else {
                     n.target.extend([
                         "dynamodb:DescribeTable",
@@ -320,11 +380,13 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
         commands,
         &Scope {
             export: opts.export.is_some(),
+            import: opts.import.is_some() && plan.mode != crate::core::plan::Mode::InPlace,
             in_place: plan.mode == crate::core::plan::Mode::InPlace,
         },
     );
     let source = table_arn(opts, &plan.source_table);
     let target = table_arn(opts, &plan.target_table);
+    let import_job = format!("{target}/import/*");
     let mut statements = Vec::new();
     if plan.source_table == plan.target_table {
         // In place: one table, one statement.
@@ -385,313 +447,65 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
         }
         statements.push(list);
     }
+    if n.import
+        && let Some(ExportLocation::S3 { bucket, prefix }) = &opts.import
+    {
+        statements.extend(import_statements(opts, import_job, bucket, prefix));
+    }
     PolicyDocument {
         version: "2012-10-17",
         statements,
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-    use std::path::Path;
-
-    use super::*;
-
-    fn plan(target: &str, body: &str) -> Plan {
-        let src = format!(
-            "version = 1\n[source]\ntable = \"orders\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n\
-             [target]\ntable = \"{target}\"\npartition_key = \"PK\"\nsort_key = \"SK\"\n{body}"
-        );
-        Plan::parse(&src, Path::new("t.toml")).unwrap()
-    }
-
-    fn rekey() -> Plan {
-        plan(
-            "orders_v2",
-            "[[rule]]\nmatch = { PK = \"T#{t}\" }\nkey = { PK = \"T#{t}#S#{shard(t, 4)}\", SK = \"{@SK}\" }\n",
-        )
-    }
-
-    fn in_place() -> Plan {
-        plan("orders", "[[rule]]\nset = { GSI1PK = \"X#{@SK}\" }\n")
-    }
-
-    /// Resource → actions, and the Sids, of a policy.
-    fn by_resource(p: &Json) -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
-        assert_eq!(p["Version"], "2012-10-17");
-        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        let mut sids = Vec::new();
-        for s in p["Statement"].as_array().unwrap() {
-            assert_eq!(s["Effect"], "Allow");
-            sids.push(s["Sid"].as_str().unwrap().to_string());
-            let key = match s.get("Condition") {
-                Some(_) => format!("{}?{}", s["Resource"].as_str().unwrap(), s["Sid"]),
-                None => s["Resource"].as_str().unwrap().to_string(),
-            };
-            let e = m.entry(key).or_default();
-            for a in s["Action"].as_array().unwrap() {
-                e.insert(a.as_str().unwrap().to_string());
-            }
-        }
-        (m, sids)
-    }
-
-    fn set(v: &[&str]) -> BTreeSet<String> {
-        v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn a_rekey_plan_gets_read_on_the_source_and_write_on_the_target() {
-        let opts = PolicyOptions {
-            region: Some("eu-west-1".into()),
-            account: Some("123456789012".into()),
-            ..Default::default()
-        };
-        let (m, sids) = by_resource(&policy(&rekey(), &opts));
-        let src = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders";
-        let tgt = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders_v2";
-        assert_eq!(
-            m[src],
-            set(&[
-                "dynamodb:BatchGetItem",
-                "dynamodb:DescribeTable",
-                "dynamodb:Scan"
-            ])
-        );
-        assert_eq!(
-            m[tgt],
-            set(&[
-                "dynamodb:BatchGetItem",
-                "dynamodb:BatchWriteItem",
-                "dynamodb:DeleteItem",
-                "dynamodb:DescribeTable",
-                "dynamodb:PutItem",
-                "dynamodb:Scan"
-            ])
-        );
-        assert_eq!(
-            m[&format!("{src}/stream/*")],
-            set(&[
-                "dynamodb:DescribeStream",
-                "dynamodb:GetRecords",
-                "dynamodb:GetShardIterator"
-            ])
-        );
-        assert_eq!(
-            m[&format!("{src}?\"DrainBarrierMarker\"")],
-            set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
-        );
-        assert_eq!(m.len(), 4);
-        assert_eq!(
-            sids,
-            [
-                "SourceTable",
-                "TargetTable",
-                "SourceStream",
-                "DrainBarrierMarker"
-            ]
-        );
-    }
-
-    #[test]
-    fn the_marker_statement_is_limited_to_rekey_leading_keys() {
-        let p = policy(&rekey(), &PolicyOptions::default());
-        let marker = p["Statement"]
-            .as_array()
-            .unwrap()
+/// `--via-import`: the import's own ARN, the objects under `<prefix>/data/`,
+/// and what DynamoDB does with the caller's permissions ([`IMPORT_ON_BEHALF`]).
+fn import_statements(
+    opts: &PolicyOptions,
+    import_job: String,
+    bucket: &str,
+    prefix: &str,
+) -> Vec<Statement> {
+    let data = crate::core::import::data_prefix(prefix);
+    let on_behalf = |service: &str| -> BTreeSet<&'static str> {
+        IMPORT_ON_BEHALF
             .iter()
-            .find(|s| s["Sid"] == sid::MARKER)
-            .unwrap();
-        assert_eq!(marker["Resource"], "arn:aws:dynamodb:*:*:table/orders");
-        assert_eq!(
-            marker["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"],
-            json!(["__rekey__#barrier#*"])
-        );
-    }
-
-    #[test]
-    fn an_in_place_plan_merges_into_one_table_statement() {
-        let (m, sids) = by_resource(&policy(&in_place(), &PolicyOptions::default()));
-        let t = "arn:aws:dynamodb:*:*:table/orders";
-        assert_eq!(
-            m[t],
-            set(&[
-                "dynamodb:BatchGetItem",
-                "dynamodb:DescribeTable",
-                "dynamodb:GetItem",
-                "dynamodb:Scan",
-                "dynamodb:UpdateItem"
-            ])
-        );
-        // In place, backfill and tail only update: no BatchWriteItem, and
-        // PutItem/DeleteItem only for the drain marker, limited to its keys.
-        assert_eq!(
-            sids,
-            ["SourceAndTargetTable", "SourceStream", "DrainBarrierMarker"]
-        );
-    }
-
-    #[test]
-    fn tail_gets_only_what_the_tail_calls() {
-        let opts = PolicyOptions {
-            commands: vec![PolicyCommand::Tail],
-            ..Default::default()
-        };
-        let (m, _) = by_resource(&policy(&rekey(), &opts));
-        let src = "arn:aws:dynamodb:*:*:table/orders";
-        assert_eq!(m[src], set(&["dynamodb:DescribeTable"]));
-        assert_eq!(
-            m["arn:aws:dynamodb:*:*:table/orders_v2"],
-            set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
-        );
-        assert_eq!(
-            m[&format!("{src}/stream/*")],
-            set(&[
-                "dynamodb:DescribeStream",
-                "dynamodb:GetRecords",
-                "dynamodb:GetShardIterator"
-            ])
-        );
-        assert_eq!(m.len(), 3);
-    }
-
-    #[test]
-    fn a_backfill_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
-        let opts = PolicyOptions {
-            commands: vec![PolicyCommand::Backfill],
-            export: Some(ExportLocation::parse("s3://exports/orders/2026").unwrap()),
-            ..Default::default()
-        };
-        let p = policy(&rekey(), &opts);
-        let (m, _) = by_resource(&p);
-        assert_eq!(
-            m["arn:aws:dynamodb:*:*:table/orders"],
-            set(&["dynamodb:DescribeTable"])
-        );
-        assert_eq!(
-            m["arn:aws:s3:::exports/orders/2026/*"],
-            set(&["s3:GetObject"])
-        );
-        let list = &p["Statement"].as_array().unwrap().last().unwrap();
-        assert_eq!(list["Resource"], "arn:aws:s3:::exports");
-        assert_eq!(
-            list["Condition"]["StringLike"]["s3:prefix"],
-            json!(["orders/2026/*"])
-        );
-        // A local export needs no S3 permission and no Scan either.
-        let local = PolicyOptions {
-            export: Some(ExportLocation::parse("/tmp/export").unwrap()),
-            ..opts
-        };
-        let (m, _) = by_resource(&policy(&rekey(), &local));
-        assert!(m.keys().all(|r| !r.contains(":s3:")));
-        assert!(!m["arn:aws:dynamodb:*:*:table/orders"].contains("dynamodb:Scan"));
-    }
-
-    #[test]
-    fn the_output_is_valid_json() {
-        let p = policy(&rekey(), &PolicyOptions::default());
-        let text = serde_json::to_string_pretty(&p).unwrap();
-        let back: Json = serde_json::from_str(&text).unwrap();
-        assert_eq!(back, p);
-    }
-
-    /// Every file of `src/aws`: the only code that calls the SDK
-    /// (tests/architecture.rs checks that).
-    const AWS_SOURCES: &[(&str, &str)] = &[
-        ("src/aws/mod.rs", include_str!("../aws/mod.rs")),
-        ("src/aws/endpoint.rs", include_str!("../aws/endpoint.rs")),
-        ("src/aws/export.rs", include_str!("../aws/export.rs")),
-        ("src/aws/item.rs", include_str!("../aws/item.rs")),
-        ("src/aws/rate.rs", include_str!("../aws/rate.rs")),
-        ("src/aws/retry.rs", include_str!("../aws/retry.rs")),
-        ("src/aws/scan.rs", include_str!("../aws/scan.rs")),
-        ("src/aws/streams.rs", include_str!("../aws/streams.rs")),
-        ("src/aws/write.rs", include_str!("../aws/write.rs")),
-    ];
-
-    fn source_of(file: &str) -> &'static str {
-        AWS_SOURCES
-            .iter()
-            .find(|(f, _)| *f == file)
-            .map(|(_, text)| *text)
-            .unwrap_or_else(|| panic!("no source for {file}: add it to AWS_SOURCES"))
-    }
-
-    /// A new SDK call in `src/aws` must be in the list, or the policy would
-    /// not grant it.
-    #[test]
-    fn no_action_is_called_where_the_list_does_not_say() {
-        for a in ACTIONS_USED {
-            for (file, text) in AWS_SOURCES {
-                if text.contains(a.sdk_method) {
-                    assert!(
-                        a.called_in.contains(file),
-                        "{}: {} is called in {file}, which the list does not name",
-                        a.action,
-                        a.sdk_method
-                    );
-                }
-            }
-        }
-        let listed: usize = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/aws"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .path()
-                    .extension()
-                    .is_some_and(|x| x == "rs")
-            })
-            .count();
-        assert_eq!(
-            listed,
-            AWS_SOURCES.len(),
-            "every src/aws file is in AWS_SOURCES"
-        );
-    }
-
-    #[test]
-    fn every_used_action_is_called_where_the_list_says() {
-        for a in ACTIONS_USED {
-            for file in a.called_in {
-                assert!(
-                    source_of(file).contains(a.sdk_method),
-                    "{}: {} not found in {file}",
-                    a.action,
-                    a.sdk_method
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn no_policy_grants_an_action_the_code_does_not_call() {
-        let known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();
-        assert_eq!(known.len(), ACTIONS_USED.len(), "an action is listed twice");
-        let all = [
-            PolicyCommand::Analyze,
-            PolicyCommand::Backfill,
-            PolicyCommand::Tail,
-            PolicyCommand::Verify,
-            PolicyCommand::Cutover,
-        ];
-        for plan in [rekey(), in_place()] {
-            for export in [None, Some("s3://b/p")] {
-                let opts = PolicyOptions {
-                    commands: all.to_vec(),
-                    export: export.map(|e| ExportLocation::parse(e).unwrap()),
-                    ..Default::default()
-                };
-                let (m, _) = by_resource(&policy(&plan, &opts));
-                for a in m.values().flatten() {
-                    assert!(
-                        known.contains(a.as_str()),
-                        "{a} is granted but never called"
-                    );
-                }
-            }
-        }
-    }
+            .copied()
+            .filter(|a| a.starts_with(service))
+            .collect()
+    };
+    let mut objects = on_behalf("s3:");
+    objects.remove("s3:ListBucket");
+    objects.extend(["s3:PutObject", "s3:DeleteObject"]);
+    let mut list = statement(
+        sid::IMPORT_LIST,
+        &BTreeSet::from(["s3:ListBucket"]),
+        format!("arn:aws:s3:::{bucket}"),
+    );
+    list.condition = Some(json!({ "StringLike": { "s3:prefix": [format!("{data}*")] } }));
+    vec![
+        statement(
+            sid::IMPORT_JOB,
+            &BTreeSet::from(["dynamodb:DescribeImport"]),
+            import_job,
+        ),
+        statement(
+            sid::IMPORT_OBJECTS,
+            &objects,
+            format!("arn:aws:s3:::{bucket}/{data}*"),
+        ),
+        list,
+        statement(
+            sid::IMPORT_LOGS,
+            &on_behalf("logs:"),
+            format!(
+                "arn:aws:logs:{}:{}:log-group:/aws-dynamodb/*",
+                opts.region.as_deref().unwrap_or("*"),
+                opts.account.as_deref().unwrap_or("*")
+            ),
+        ),
+    ]
 }
+
+#[cfg(test)]
+mod tests;
