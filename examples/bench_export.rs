@@ -35,6 +35,10 @@ use rekey::core::transform::{Outcome, transform};
 use rekey::core::value::{Item, Value};
 use rekey_testkit::export::write_export;
 
+/// The binary's allocator (src/main.rs), so this measures what `rekey` does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const PLAN: &str = include_str!("../plans/tenant-day-shard.toml");
 const EXPORT_ID: &str = "01767225600000-bench000";
 const TABLE_ARN: &str = "arn:aws:dynamodb:us-east-1:000000000000:table/orders";
