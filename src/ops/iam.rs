@@ -130,7 +130,7 @@ pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:DeleteItem",
         ".delete_item()",
-        &["src/aws/item.rs"],
+        &["src/aws/write.rs", "src/aws/item.rs"],
     ),
     used(
         "dynamodb:DescribeStream",
