@@ -1,4 +1,5 @@
-//! Writing items: BatchWriteItem, 25 at a time, until every item is written.
+//! Writing items: BatchWriteItem, 25 at a time, until every item is written
+//! (puts for the backfill; puts and deletes for the tail).
 //!
 //! DynamoDB answers a busy batch with the writes it did not do
 //! (UnprocessedItems) instead of an error; a writer that ignores them loses
@@ -7,12 +8,12 @@
 //! failures and validation errors are told apart: a throttle slows the run
 //! (never gives up), a transient failure is retried a bounded number of times,
 //! and a validation error — one bad item fails the whole batch — is narrowed
-//! down by writing the batch's items one by one, so only the bad item is
-//! rejected.
+//! down by writing the batch's requests one by one (PutItem, DeleteItem), so
+//! only the bad one is refused.
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{PutRequest, ReturnConsumedCapacity, WriteRequest};
+use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, ReturnConsumedCapacity, WriteRequest};
 
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
@@ -29,20 +30,52 @@ pub struct BatchResult {
     pub refused: Vec<Option<String>>,
 }
 
-fn requests(items: &[Item]) -> Vec<WriteRequest> {
-    items
-        .iter()
-        .filter_map(|i| {
-            PutRequest::builder()
-                .set_item(Some(to_sdk_item(i)))
-                .build()
-                .ok()
-        })
-        .map(|p| WriteRequest::builder().put_request(p).build())
-        .collect()
+/// One request of a BatchWriteItem: put a whole item, or delete by key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Write<'a> {
+    Put(&'a Item),
+    /// The key attributes of the item to delete.
+    Delete(&'a Item),
 }
 
-/// Write up to 25 items (distinct keys) under `control`, retrying
+impl Write<'_> {
+    /// The capacity it is expected to use: a put by its size; a delete by the
+    /// size of the item it deletes, unknown here, so one unit (corrected by
+    /// the ConsumedCapacity returned).
+    fn units(&self) -> f64 {
+        match self {
+            Write::Put(i) => write_units(item_size(i)) as f64,
+            Write::Delete(_) => 1.0,
+        }
+    }
+
+    fn request(&self) -> Option<WriteRequest> {
+        Some(match self {
+            Write::Put(i) => WriteRequest::builder()
+                .put_request(
+                    PutRequest::builder()
+                        .set_item(Some(to_sdk_item(i)))
+                        .build()
+                        .ok()?,
+                )
+                .build(),
+            Write::Delete(k) => WriteRequest::builder()
+                .delete_request(
+                    DeleteRequest::builder()
+                        .set_key(Some(to_sdk_item(k)))
+                        .build()
+                        .ok()?,
+                )
+                .build(),
+        })
+    }
+}
+
+fn requests(writes: &[Write<'_>]) -> Vec<WriteRequest> {
+    writes.iter().filter_map(Write::request).collect()
+}
+
+/// Put up to 25 items (distinct keys) under `control`, retrying
 /// UnprocessedItems, throttles and up to `max_retries` transient failures.
 pub async fn write_batch(
     clients: &Clients,
@@ -51,28 +84,42 @@ pub async fn write_batch(
     control: &Control,
     max_retries: u32,
 ) -> Result<BatchResult, AwsError> {
-    debug_assert!(items.len() <= BATCH);
+    let writes: Vec<Write<'_>> = items.iter().map(Write::Put).collect();
+    write_requests(clients, table, &writes, control, max_retries).await
+}
+
+/// Up to 25 puts and deletes, each of a different key (DynamoDB refuses a
+/// batch that names a key twice, and applies a batch's requests in no
+/// order), written as [`write_batch`] writes puts; `refused` is per request.
+pub async fn write_requests(
+    clients: &Clients,
+    table: &str,
+    writes: &[Write<'_>],
+    control: &Control,
+    max_retries: u32,
+) -> Result<BatchResult, AwsError> {
+    debug_assert!(writes.len() <= BATCH);
     let mut result = BatchResult {
         consumed: 0.0,
-        refused: vec![None; items.len()],
+        refused: vec![None; writes.len()],
     };
-    if items.is_empty() {
+    if writes.is_empty() {
         return Ok(result);
     }
-    let units: f64 = items.iter().map(|i| write_units(item_size(i)) as f64).sum();
-    // None: every item, built from `items` for each attempt (no copy kept on
-    // the common path, where one call writes them all); Some: the part
+    let units: f64 = writes.iter().map(Write::units).sum();
+    // None: every request, built from `writes` for each attempt (no copy kept
+    // on the common path, where one call writes them all); Some: the part
     // DynamoDB left unprocessed, copied for each retry.
     let mut unprocessed: Option<Vec<WriteRequest>> = None;
     let mut attempt = 0;
     let mut failures = 0;
     loop {
         let request = match &unprocessed {
-            None => requests(items),
+            None => requests(writes),
             Some(rest) => rest.clone(),
         };
         // The cost is known before the call: take it up front, correct it after.
-        let estimate = units * request.len() as f64 / items.len().max(1) as f64;
+        let estimate = units * request.len() as f64 / writes.len().max(1) as f64;
         let _in_flight = control.acquire_write(estimate).await;
         let res = clients
             .dynamodb
@@ -118,7 +165,7 @@ pub async fn write_batch(
                     attempt = (attempt + 1).min(6);
                 }
                 AwsError::Service { code, .. } if code == "ValidationException" => {
-                    return isolate(clients, table, items, control, max_retries, result).await;
+                    return isolate(clients, table, writes, control, max_retries, result).await;
                 }
                 e if e.is_transient() && failures < max_retries => {
                     control.write.spend(-estimate).await;
@@ -132,53 +179,67 @@ pub async fn write_batch(
     Ok(result)
 }
 
-/// A batch failed validation: find the item(s) at fault by writing each alone.
+/// A batch failed validation: find the request(s) at fault by sending each
+/// alone (PutItem or DeleteItem).
 async fn isolate(
     clients: &Clients,
     table: &str,
-    items: &[Item],
+    writes: &[Write<'_>],
     control: &Control,
     max_retries: u32,
     mut result: BatchResult,
 ) -> Result<BatchResult, AwsError> {
-    for (i, item) in items.iter().enumerate() {
+    for (i, write) in writes.iter().enumerate() {
         let mut attempt = 0;
         let mut failures = 0;
         loop {
             let _in_flight = control.wait_write().await;
-            let res = clients
-                .dynamodb
-                .put_item()
-                .table_name(table)
-                .set_item(Some(to_sdk_item(item)))
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
+            let res = match write {
+                Write::Put(item) => clients
+                    .dynamodb
+                    .put_item()
+                    .table_name(table)
+                    .set_item(Some(to_sdk_item(item)))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await
+                    .map(|o| o.consumed_capacity().and_then(|c| c.capacity_units()))
+                    .map_err(|e| clients.error("PutItem", table, e)),
+                Write::Delete(key) => clients
+                    .dynamodb
+                    .delete_item()
+                    .table_name(table)
+                    .set_key(Some(to_sdk_item(key)))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+                    .await
+                    .map(|o| o.consumed_capacity().and_then(|c| c.capacity_units()))
+                    .map_err(|e| clients.error("DeleteItem", table, e)),
+            };
             match res {
-                Ok(out) => {
-                    let used = out
-                        .consumed_capacity()
-                        .and_then(|c| c.capacity_units())
-                        .unwrap_or(1.0);
+                Ok(used) => {
+                    let used = used.unwrap_or(1.0);
                     control.write.spend(used).await;
                     result.consumed += used;
                     break;
                 }
-                Err(e) => match clients.error("PutItem", table, e) {
-                    e @ AwsError::Throttled { .. } => {
-                        control.write_throttled(&e, attempt).await;
-                        attempt = (attempt + 1).min(6);
-                    }
-                    AwsError::Service { code, detail, .. } if code == "ValidationException" => {
-                        result.refused[i] = Some(format!("DynamoDB refused the item: {detail}"));
-                        break;
-                    }
-                    e if e.is_transient() && failures < max_retries => {
-                        failures += 1;
-                        tokio::time::sleep(backoff(failures, jitter())).await;
-                    }
-                    e => return Err(e),
-                },
+                Err(e @ AwsError::Throttled { .. }) => {
+                    control.write_throttled(&e, attempt).await;
+                    attempt = (attempt + 1).min(6);
+                }
+                Err(AwsError::Service { code, detail, .. }) if code == "ValidationException" => {
+                    let what = match write {
+                        Write::Put(_) => "the item",
+                        Write::Delete(_) => "the delete",
+                    };
+                    result.refused[i] = Some(format!("DynamoDB refused {what}: {detail}"));
+                    break;
+                }
+                Err(e) if e.is_transient() && failures < max_retries => {
+                    failures += 1;
+                    tokio::time::sleep(backoff(failures, jitter())).await;
+                }
+                Err(e) => return Err(e),
             }
         }
     }

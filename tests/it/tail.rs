@@ -359,3 +359,123 @@ async fn a_signal_stops_the_tail_cleanly_alone_and_inside_run() {
         "run's tail said it stopped"
     );
 }
+
+/// The tail's writes go out in BatchWriteItems, each item's records reduced to
+/// the last write per target key: one response holding inserts, key-changing
+/// updates, deletes, inserts deleted again, and one order the target refuses
+/// (an empty string where the target has an index key; the source has no
+/// index and takes it): the batch that holds it fails validation, is narrowed
+/// down request by request, the order is rejected and everything else lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_target_refuses_is_rejected_and_the_rest_of_its_batch_lands() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+        Projection, ProjectionType, ScalarAttributeType,
+    };
+    use rekey::core::value::Value;
+    let env = TestEnv::start().await;
+    let (source, target) = (env.table_name("src"), env.table_name("dst"));
+    env.create_streamed_table(&source, &pk_only()).await;
+    let def = |n: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(n)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .unwrap()
+    };
+    let key = |n: &str, t: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(n)
+            .key_type(t)
+            .build()
+            .unwrap()
+    };
+    env.clients
+        .dynamodb
+        .create_table()
+        .table_name(&target)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(def("PK"))
+        .attribute_definitions(def("SK"))
+        .attribute_definitions(def("note"))
+        .key_schema(key("PK", KeyType::Hash))
+        .key_schema(key("SK", KeyType::Range))
+        .global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name("ByNote")
+                .key_schema(key("note", KeyType::Hash))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::KeysOnly)
+                        .build(),
+                )
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create {target}: {}", rekey::aws::error_chain(&e)));
+    env.put(&source, &seed(60)).await;
+    let (plan_path, plan) = orders_by_status(&source, &target).write(&env);
+    let state = env.dir.path().join("state");
+    let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
+    let out = env.rekey(&["backfill", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let mut bad = order(300, "OPEN", 1);
+    bad.insert("note".into(), Value::S(String::new()));
+    let mut puts: Vec<Item> = (100..140).map(|i| order(i, "OPEN", i)).collect();
+    puts.push(bad.clone());
+    // A new status: a new target key.
+    puts.extend((0..20).map(|i| order(i, STATUSES[((i + 1) % 3) as usize], i + 1000)));
+    puts.extend((200..210).map(|i| order(i, "PAID", i)));
+    env.put(&source, &puts).await;
+    for id in (20..30).chain(200..210) {
+        let key: Item = [("PK".to_string(), Value::S(format!("O#{id}")))].into();
+        rekey::aws::item::delete_item(&env.clients, &source, &key)
+            .await
+            .unwrap();
+    }
+
+    let out = env.rekey(&[
+        "tail",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--exit-when-idle",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report(&out);
+    // 60 seed inserts, 41 + 20 + 10 puts, 20 deletes.
+    assert_eq!(r["records"], 151, "{r}");
+    assert_eq!(r["rejected"], 1, "{r}");
+    // The records' actions, the refused put aside: puts of 60 seed orders,
+    // 40 new ones, 20 moved, 10 inserted again; deletes of the 20 moved ones'
+    // old keys, 10 removed, 10 inserted and removed.
+    assert_eq!(
+        (r["puts"].as_u64(), r["deletes"].as_u64()),
+        (Some(130), Some(40)),
+        "{r}"
+    );
+    let rejects = std::fs::read_to_string(state.join("tail-rejects.jsonl")).unwrap();
+    assert_eq!(rejects.lines().count(), 1, "{rejects}");
+    assert!(
+        rejects.contains("DynamoDB refused the item") && rejects.contains("O#300"),
+        "{rejects}"
+    );
+    let kept: Vec<Item> = env
+        .scan_all(&source)
+        .await
+        .into_iter()
+        .filter(|i| i["PK"] != bad["PK"])
+        .collect();
+    assert_eq!(kept.len(), 60 + 40 - 10, "the source");
+    let expected = expected_target(&plan, &kept);
+    let actual = env.table_map(&target, &["PK", "SK"]).await;
+    assert!(
+        actual == expected,
+        "target == transform(source), the refused order aside"
+    );
+}

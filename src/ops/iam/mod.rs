@@ -11,7 +11,7 @@
 //! | -------- | ---------------------------- | --------------------------------------------- | ------------------------------------- |
 //! | analyze  | DescribeTable, Scan          |                                               |                                       |
 //! | backfill | DescribeTable, Scan¹         |                                               | DescribeTable, BatchWriteItem, PutItem² |
-//! | tail     | DescribeTable³               | DescribeStream, GetShardIterator, GetRecords  | PutItem, DeleteItem                   |
+//! | tail     | DescribeTable³               | DescribeStream, GetShardIterator, GetRecords  | BatchWriteItem, PutItem², DeleteItem² |
 //! | verify   | DescribeTable, Scan, BatchGetItem | DescribeStream, GetShardIterator, GetRecords⁵ | DescribeTable, BatchGetItem, Scan |
 //! | drain    | PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |                  |                                       |
 //! | cutover  | DescribeTable, PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |   | DescribeTable                         |
@@ -23,9 +23,10 @@
 //!
 //! ¹ not with `--export`: the backfill then reads `s3:GetObject` under the
 //!   prefix, and `s3:ListBucket` limited to the prefix (to find the newest
-//!   export). ² PutItem isolates the item at fault when a batch fails
-//!   validation. ³ the stream ARN comes from DescribeTable's
-//!   `LatestStreamArn`, so `dynamodb:ListStreams` is never called.
+//!   export). ² PutItem (and DeleteItem, for the tail's deletes) isolates
+//!   the request at fault when a batch fails validation. ³ the stream ARN
+//!   comes from DescribeTable's `LatestStreamArn`, so
+//!   `dynamodb:ListStreams` is never called.
 //!   ⁴ the drain barrier: a marker item whose partition key starts with
 //!   `__rekey__#barrier#`, enforced by a `dynamodb:LeadingKeys` condition
 //!   (`ForAllValues:StringLike`, which takes wildcards). ⁵ the re-checks
@@ -144,7 +145,7 @@ pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:DeleteItem",
         ".delete_item()",
-        &["src/aws/item.rs"],
+        &["src/aws/write.rs", "src/aws/item.rs"],
     ),
     used(
         "dynamodb:DescribeStream",
@@ -300,7 +301,11 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                 if in_place {
                     n.target.extend(["dynamodb:UpdateItem", "dynamodb:GetItem"]);
                 } else {
-                    n.target.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
+                    n.target.extend([
+                        "dynamodb:BatchWriteItem",
+                        "dynamodb:PutItem",
+                        "dynamodb:DeleteItem",
+                    ]);
                 }
             }
             Verify => {

@@ -151,7 +151,11 @@ fn tail_gets_only_what_the_tail_calls() {
     assert_eq!(m[src], set(&["dynamodb:DescribeTable"]));
     assert_eq!(
         m["arn:aws:dynamodb:*:*:table/orders_v2"],
-        set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
+        set(&[
+            "dynamodb:BatchWriteItem",
+            "dynamodb:DeleteItem",
+            "dynamodb:PutItem"
+        ])
     );
     assert_eq!(
         m[&format!("{src}/stream/*")],

@@ -17,10 +17,11 @@
 //! store and in `<state dir>/tail/status.json` (written atomically), which
 //! `status`, `verify` and `drain` read without taking the store's lock.
 //!
-//! Records of one response are applied in parallel lanes, one lane per source
-//! item: changes to one item stay in stream order, different items need no
-//! order between them (two source items never share a target key: the
-//! backfill rejects collisions).
+//! Records of one response are applied in lanes, one lane per source item:
+//! changes to one item stay in stream order, different items need no order
+//! between them (two source items never share a target key: the backfill
+//! rejects collisions). A lane's puts and deletes are reduced to the last
+//! write per target key and sent in BatchWriteItems ([`apply`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -33,12 +34,11 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter};
 use crate::aws::streams::{
     self, Lineage, ReadError, RecordKind, ShardInfo, ShardProgress, Start, depth, lag_and_through,
     now_secs, ready_shards, seq_key,
 };
-use crate::aws::{AwsError, Clients, TableInfo};
+use crate::aws::{Clients, TableInfo};
 use crate::core::marker::marker_id;
 use crate::core::plan::{Mode, Plan, TtlDeletes};
 use crate::core::transform::{Outcome, transform};
@@ -208,12 +208,10 @@ pub struct TailReport {
     pub shards: usize,
 }
 
+mod apply;
 mod publish;
 
 const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
-
-/// Source items applied at once from one response (see the module docs).
-const LANES: usize = 16;
 
 /// A barrier is complete when every open shard has moved past it: drained by
 /// a read that started after the marker was applied, or applied a record from
@@ -528,165 +526,6 @@ impl Tail<'_> {
             self.store.flush()?;
         }
         Ok(())
-    }
-
-    /// Apply changes in stream order per source item, items in parallel lanes.
-    async fn apply_all(&mut self, changes: Vec<Change>) -> anyhow::Result<()> {
-        let names = self.plan.source_key.names();
-        let mut lane_of: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut lanes: Vec<Vec<Change>> = Vec::new();
-        let mut markers = Vec::new();
-        for c in changes {
-            if c.kind == ChangeKind::Insert
-                && let Some(id) = c.new.as_ref().and_then(|n| marker_id(self.plan, n))
-            {
-                markers.push((id, c.at));
-            }
-            let key = c
-                .new
-                .as_ref()
-                .or(c.old.as_ref())
-                .and_then(|i| encode_key(i, &names))
-                .unwrap_or_default();
-            let n = lanes.len();
-            let lane = *lane_of.entry(key).or_insert(n);
-            if lane == n {
-                lanes.push(Vec::new());
-            }
-            lanes[lane].push(c);
-        }
-        let (clients, plan, control) = (self.clients, self.plan, &self.control);
-        let results: Vec<anyhow::Result<LaneResult>> = stream::iter(lanes)
-            .map(|lane| async move {
-                let mut r = LaneResult::default();
-                for change in &lane {
-                    for action in actions(plan, change) {
-                        apply_action(clients, plan, control, action, &mut r).await?;
-                    }
-                    r.newest = Some(r.newest.map_or(change.at, |n: f64| n.max(change.at)));
-                }
-                Ok(r)
-            })
-            .buffer_unordered(LANES)
-            .collect()
-            .await;
-        for r in results {
-            let r = r?;
-            self.report.puts += r.puts;
-            self.report.deletes += r.deletes;
-            self.report.updates += r.updates;
-            for (item, reason) in r.rejects {
-                self.rejects.write(&item, &format!("tail: {reason}"))?;
-                self.report.rejected += 1;
-            }
-            if let Some(at) = r.newest {
-                self.report.last_lag_seconds = (now_secs() - at).max(0.0);
-            }
-        }
-        // Everything before a marker in its shard came before it in this call,
-        // and every write of the call is acknowledged now: the barrier is observed.
-        let now = now_secs();
-        for (id, marker_at) in markers {
-            if !self.barriers.contains_key(&id) {
-                let b = BarrierState {
-                    observed_at: now,
-                    complete_at: None,
-                };
-                self.store
-                    .put(&format!("tail/barrier/{id}"), &(b.clone(), marker_at))?;
-                self.barriers.insert(id, (b, marker_at));
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Default)]
-struct LaneResult {
-    puts: u64,
-    deletes: u64,
-    updates: u64,
-    rejects: Vec<(Item, String)>,
-    newest: Option<f64>,
-}
-
-/// One action of a change against the target, counted into its lane's result.
-async fn apply_action(
-    clients: &Clients,
-    plan: &Plan,
-    control: &Control,
-    action: Action,
-    r: &mut LaneResult,
-) -> anyhow::Result<()> {
-    match action {
-        Action::Put(item) => {
-            write(clients, &plan.target_table, control, |c| {
-                crate::aws::item::put_item(c, &plan.target_table, &item)
-            })
-            .await?;
-            r.puts += 1;
-        }
-        Action::Delete(key) => {
-            write(clients, &plan.target_table, control, |c| {
-                crate::aws::item::delete_item(c, &plan.target_table, &key)
-            })
-            .await?;
-            r.deletes += 1;
-        }
-        Action::Update(w) => {
-            // A failed condition means the application wrote the item after
-            // this record: re-read, decide again (a later record of the lane
-            // will see the same item and find nothing to do).
-            let key = w.key.clone();
-            match inplace::apply(
-                clients,
-                plan,
-                control,
-                Direction::Forward,
-                Decision::Write(w),
-                10,
-            )
-            .await?
-            {
-                Applied::Written { .. } => r.updates += 1,
-                Applied::Skipped { .. } => {}
-                Applied::Rejected { reason, .. } => {
-                    r.rejects.push((key, reason));
-                }
-            }
-        }
-        Action::Reject { item, reason } => r.rejects.push((item, reason)),
-    }
-    Ok(())
-}
-
-/// One target write, retried through throttles and transient failures.
-async fn write<'c, F, Fut>(
-    clients: &'c Clients,
-    table: &str,
-    control: &Control,
-    call: F,
-) -> anyhow::Result<()>
-where
-    F: Fn(&'c Clients) -> Fut,
-    Fut: std::future::Future<Output = Result<(), AwsError>>,
-{
-    let mut attempt = 0;
-    let mut failures = 0;
-    loop {
-        let _in_flight = control.acquire_write(1.0).await;
-        match call(clients).await {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_throttle() => {
-                control.write_throttled(&e, attempt).await;
-                attempt = (attempt + 1).min(6);
-            }
-            Err(e) if e.is_transient() && failures < 10 => {
-                failures += 1;
-                tokio::time::sleep(backoff(failures, jitter())).await;
-            }
-            Err(e) => return Err(anyhow::Error::new(e).context(format!("tail write to `{table}`"))),
-        }
     }
 }
 
