@@ -1,13 +1,14 @@
 //! The pure core: the item model, the functions plans use (`shard()`'s
 //! hashes, time buckets), key templates, plans and the transform. No I/O, no
 //! clock, no randomness: everything here is a plain function of its inputs,
-//! tested as such.
+//! tested as such. `inverse` reads a plan backwards: target item → source item.
 //!
 //! Architecture invariant: `core` imports only `core` (tests/architecture.rs).
 
 pub mod bucket;
 pub mod hash;
 pub mod import;
+pub mod inverse;
 pub mod marker;
 pub mod plan;
 pub mod template;
