@@ -2,11 +2,17 @@
 //!
 //! No AWS: an operator can iterate on a plan with a file of real items (an
 //! export's lines, or `aws dynamodb scan` output) before touching any table.
+//!
+//! It also says, per rule, whether the plan can be reversed (`core::inverse`):
+//! a rollback after cutover needs every target item mapped back to its source
+//! item, and what makes a rule irreversible must be changed before the
+//! backfill, so the place to learn it is here.
 
 use std::path::Path;
 
 use serde::Serialize;
 
+use crate::core::inverse::{plan_notes, reversibility};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::Item;
@@ -18,12 +24,32 @@ pub struct CheckReport {
     pub plan: String,
     pub fingerprint: String,
     pub rules: usize,
+    /// Per rule, in plan order: can its target items be mapped back?
+    pub reversibility: Vec<RuleReverse>,
+    /// What holds for the plan's reverse as a whole.
+    pub reverse_notes: Vec<String>,
     pub items: Vec<SampleResult>,
     pub put: u64,
     pub rejected: u64,
     pub skipped: u64,
     /// Lines of the sample that were not items at all.
     pub unreadable: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RuleReverse {
+    pub rule: String,
+    pub reversible: bool,
+    pub reasons: Vec<ReverseReason>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReverseReason {
+    pub reason: String,
+    /// What to change in the plan.
+    pub fix: String,
+    /// Every item of the rule is lost (else only some are ambiguous).
+    pub every_item: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -41,6 +67,23 @@ pub fn run(plan: &Plan, sample: Option<&Path>) -> anyhow::Result<CheckReport> {
         plan: plan.path.display().to_string(),
         fingerprint: plan.fingerprint.clone(),
         rules: plan.rules.len(),
+        reversibility: reversibility(plan)
+            .into_iter()
+            .map(|r| RuleReverse {
+                reversible: r.reversible(),
+                rule: r.rule,
+                reasons: r
+                    .reasons
+                    .iter()
+                    .map(|why| ReverseReason {
+                        reason: why.to_string(),
+                        fix: why.fix(),
+                        every_item: why.every_item(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        reverse_notes: plan_notes(plan),
         items: Vec::new(),
         put: 0,
         rejected: 0,
@@ -123,6 +166,7 @@ pub fn render(plan: &Plan, r: &CheckReport) -> String {
         "{}: OK — {mode}, {} rules, fingerprint {}",
         r.plan, r.rules, r.fingerprint
     );
+    render_reversibility(&mut o, r);
     for s in &r.items {
         let json = |i: &Option<Item>| {
             i.as_ref()
@@ -166,4 +210,27 @@ pub fn render(plan: &Plan, r: &CheckReport) -> String {
         );
     }
     o
+}
+
+/// Per rule: "reversible", or each reason with what to change.
+fn render_reversibility(o: &mut String, r: &CheckReport) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        o,
+        "reversibility (a rollback after cutover maps target items back):"
+    );
+    for rule in &r.reversibility {
+        if rule.reversible {
+            let _ = writeln!(o, "  rule {}: reversible", rule.rule);
+            continue;
+        }
+        let _ = writeln!(o, "  rule {}: not reversible", rule.rule);
+        for why in &rule.reasons {
+            let _ = writeln!(o, "    - {}", why.reason);
+            let _ = writeln!(o, "      change: {}", why.fix);
+        }
+    }
+    for note in &r.reverse_notes {
+        let _ = writeln!(o, "  note: {note}");
+    }
 }

@@ -97,6 +97,89 @@ fn check_shows_sample_items_before_and_after_and_why_rejected() {
 }
 
 #[test]
+fn check_says_per_rule_whether_a_rollback_can_map_target_items_back() {
+    let check = |plan: &str, extra: &[&str]| {
+        let path = repo_path(plan);
+        let mut args = vec!["check", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = rekey_with_env(&args, &[]);
+        // Irreversible is something to know, not a failure of the plan.
+        assert!(out.status.success(), "{plan}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let text = check("plans/tenant-day-shard.toml", &[]);
+    assert!(
+        text.contains("  rule order: reversible\n  rule tenant-profile: reversible\n"),
+        "{text}"
+    );
+    let text = check("plans/event-hour-shard.toml", &[]);
+    assert!(
+        text.contains(concat!(
+            "  rule event: not reversible\n",
+            "    - `ingest_debug` is removed by `[options] drop`, so the target does not hold it\n",
+            "      change: keep it: take `ingest_debug` out of `[options] drop`\n"
+        )),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&check("plans/single-table-case.toml", &["--json"])).unwrap();
+    let rules = v["reversibility"].as_array().unwrap();
+    let verdicts: Vec<(&str, bool)> = rules
+        .iter()
+        .map(|r| {
+            (
+                r["rule"].as_str().unwrap(),
+                r["reversible"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [("task", true), ("event", false), ("case", true)],
+        "{v}"
+    );
+    let why = &rules[1]["reasons"][0];
+    assert!(
+        why["reason"].as_str().unwrap().contains("capture `tenant`"),
+        "{why}"
+    );
+    assert!(
+        why["fix"]
+            .as_str()
+            .unwrap()
+            .contains("set = { tenant = \"{tenant}\" }"),
+        "{why}"
+    );
+    assert!(
+        v["reverse_notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("unmatched = \"copy\""),
+        "{v}"
+    );
+
+    // Two rules whose target keys can be equal: each names the other.
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("overlap.toml");
+    let text = std::fs::read_to_string(repo_path("plans/tenant-day-shard.toml"))
+        .unwrap()
+        .replace(
+            "key = { PK = \"TENANT#{tenant}\", SK = \"PROFILE\" }",
+            "key = { PK = \"TENANT#{tenant}\", SK = \"ORDER#PROFILE\" }",
+        );
+    std::fs::write(&plan, text).unwrap();
+    let text = check(plan.to_str().unwrap(), &[]);
+    assert!(
+        text.contains("  rule order: not reversible\n    - its target keys can take the same values as rule `tenant-profile`'s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("can take the same values as rule `order`'s"),
+        "{text}"
+    );
+}
+
+#[test]
 fn control_writes_the_control_file_and_says_so_in_json() {
     let plan = repo_path("plans/tenant-day-shard.toml");
     let dir = tempfile::tempdir().unwrap();

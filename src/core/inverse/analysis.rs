@@ -94,7 +94,7 @@ impl Irreversible {
     pub fn fix(&self) -> String {
         match self {
             Irreversible::InPlace => {
-                "nothing to change: `rekey undo` removes what the plan set".into()
+                "none for a rollback: in place, `rekey undo` removes what the plan set".into()
             }
             Irreversible::LostSourceKey { attr } => format!(
                 "match `{attr}` with a shape whose captures the target key keeps, or carry it whole with `{{@{attr}}}` in a target key or a `set` attribute"
