@@ -18,38 +18,17 @@
 use std::fmt;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::operation::describe_import::DescribeImportError;
-use aws_sdk_dynamodb::operation::import_table::ImportTableError;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, ImportTableDescription,
     InputCompressionType, InputFormat, KeySchemaElement, KeyType, Projection, ProjectionType,
     S3BucketSource, ScalarAttributeType, TableCreationParameters,
 };
-use aws_sdk_s3::operation::delete_object::DeleteObjectError;
-use aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Error;
-use aws_sdk_s3::operation::put_object::PutObjectError;
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::aws::retry::{backoff, jitter};
 use crate::aws::{AwsError, Clients, Endpoint, ThrottleReasons, classify};
 use crate::core::plan::{IndexSpec, KeySchema};
 use crate::core::value::ScalarType;
-
-macro_rules! no_throttle_reasons {
-    ($($t:ty),*) => {$(
-        impl ThrottleReasons for $t {
-            fn reasons(&self) -> Vec<String> { Vec::new() }
-        }
-    )*};
-}
-
-no_throttle_reasons!(
-    ImportTableError,
-    DescribeImportError,
-    PutObjectError,
-    DeleteObjectError,
-    ListObjectsV2Error
-);
 
 /// What to import, and into which new table.
 #[derive(Debug, Clone)]

@@ -380,7 +380,12 @@ no_throttle_reasons!(
     aws_sdk_dynamodb::operation::update_table::UpdateTableError,
     aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
     aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamError,
-    aws_sdk_dynamodbstreams::operation::get_shard_iterator::GetShardIteratorError
+    aws_sdk_dynamodbstreams::operation::get_shard_iterator::GetShardIteratorError,
+    aws_sdk_dynamodb::operation::import_table::ImportTableError,
+    aws_sdk_dynamodb::operation::describe_import::DescribeImportError,
+    aws_sdk_s3::operation::put_object::PutObjectError,
+    aws_sdk_s3::operation::delete_object::DeleteObjectError,
+    aws_sdk_s3::operation::list_objects_v2::ListObjectsV2Error
 );
 
 /// What rekey needs to know of a table.
