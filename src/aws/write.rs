@@ -73,7 +73,7 @@ pub async fn write_batch(
         };
         // The cost is known before the call: take it up front, correct it after.
         let estimate = units * request.len() as f64 / items.len().max(1) as f64;
-        let _in_flight = control.acquire_write(estimate).await;
+        let in_flight = control.acquire_write(estimate).await;
         let res = clients
             .dynamodb
             .batch_write_item()
@@ -88,7 +88,7 @@ pub async fn write_batch(
                     .iter()
                     .filter_map(|c| c.capacity_units())
                     .sum::<f64>();
-                control.write.spend(used - estimate).await;
+                in_flight.settle(used).await;
                 result.consumed += used;
                 let rest = out
                     .unprocessed_items
@@ -113,7 +113,7 @@ pub async fn write_batch(
             Err(e) => match clients.error("BatchWriteItem", table, e) {
                 // A refused call consumed nothing: give the estimate back.
                 e @ AwsError::Throttled { .. } => {
-                    control.write.spend(-estimate).await;
+                    in_flight.settle(0.0).await;
                     control.write_throttled(&e, attempt).await;
                     attempt = (attempt + 1).min(6);
                 }
@@ -121,7 +121,7 @@ pub async fn write_batch(
                     return isolate(clients, table, items, control, max_retries, result).await;
                 }
                 e if e.is_transient() && failures < max_retries => {
-                    control.write.spend(-estimate).await;
+                    in_flight.settle(0.0).await;
                     failures += 1;
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
