@@ -3,7 +3,9 @@
 //! DynamoDB answers a busy batch with the writes it did not do
 //! (UnprocessedItems) instead of an error; a writer that ignores them loses
 //! data silently. Here they are retried with exponential backoff and jitter,
-//! and count as a throttle for the adaptive rate. Throttling errors, transient
+//! and count as a throttle for the adaptive rate; throttling errors come back
+//! from the SDK at once, not after its own retries ([`ThrottlesToCaller`]).
+//! Throttling errors, transient
 //! failures and validation errors are told apart: a throttle slows the run
 //! (never gives up), a transient failure is retried a bounded number of times,
 //! and a validation error — one bad item fails the whole batch — is narrowed
@@ -15,7 +17,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{PutRequest, ReturnConsumedCapacity, WriteRequest};
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter};
+use crate::aws::retry::{ThrottlesToCaller, backoff, jitter};
 use crate::aws::{AwsError, Clients, to_sdk_item};
 use crate::core::value::{Item, item_size, write_units};
 
@@ -79,6 +81,10 @@ pub async fn write_batch(
             .batch_write_item()
             .set_request_items(Some(HashMap::from([(table.to_string(), request)])))
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .customize()
+            .config_override(
+                aws_sdk_dynamodb::config::Builder::default().retry_classifier(ThrottlesToCaller),
+            )
             .send()
             .await;
         match res {
