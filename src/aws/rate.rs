@@ -8,8 +8,8 @@
 //! callers wait, which is what adaptive throttling needs and why this is not a
 //! fixed-quota `governor` limiter (governor serves the fixed per-key limits).
 //! A budget also records what its requests consumed, per second, when they
-//! are answered: the measure the adaptive rates ([`adapt`]) take the limit
-//! they found from.
+//! are answered: the measure the adaptive rates ([`adapt`], per key [`keys`])
+//! take the limit they found from.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use crate::aws::AwsError;
 use crate::aws::retry::{backoff, jitter};
 
 pub mod adapt;
+pub mod keys;
 
 pub use adapt::{Adaptive, Recent};
 
@@ -270,8 +271,8 @@ impl Budget {
 /// from many in-flight requests counts as one signal: the rate holds for a
 /// second after a cut), then it climbs back to that limit along a cubic and
 /// probes above it slowly. The rate never exceeds the ceiling the operator
-/// set and never drops below 1 % of it. A throttle blamed on the refused
-/// items' own partition keys is counted but leaves the table's rate alone.
+/// set and never drops below 1 % of it. A throttle blamed on one partition
+/// key ([`keys::KeyRates`]) is counted but leaves the table's rate alone.
 pub struct Control {
     pub read: Budget,
     pub write: Budget,
