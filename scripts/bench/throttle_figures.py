@@ -91,6 +91,8 @@ def main():
     print(f"  run: {written:,} items written in {elapsed:.1f} s ({wcu:,.0f} WCU, {per_item:.2f} per item);"
           f" the stand-in refused {t_all:,} item attempts in {d('throttled_requests'):,} requests"
           f" and answered {d('errors_500') if 'errors_500' in after else '?'} requests HTTP 500")
+    bw = after["requests"].get("BatchWriteItem", 0) - before["requests"].get("BatchWriteItem", 0)
+    print(f"  BatchWriteItem requests: {bw:,} ({written / bw if bw else float('nan'):.1f} items written per request)")
     print(f"  rekey's throttles: {json.dumps(report.get('throttles'))}")
     print(f"  throttled ÷ written after the first {WINDOW} s: {t_after:,} / {w_after:,} = "
           f"{(t_after / w_after if w_after else float('nan')):.3f}")
