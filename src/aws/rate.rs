@@ -7,16 +7,24 @@
 //! page, consumption averages to the rate. The rate can be changed while
 //! callers wait, which is what adaptive throttling needs and why this is not a
 //! fixed-quota `governor` limiter (governor serves the fixed per-key limits).
+//! A budget also records what its requests consumed, per second, when they
+//! are answered: the measure the adaptive rates ([`adapt`], per key [`keys`])
+//! take the limit they found from.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, Notify, watch};
 use tokio::time::Instant;
 
 use crate::aws::AwsError;
 use crate::aws::retry::{backoff, jitter};
+
+pub mod adapt;
+pub mod keys;
+
+pub use adapt::{Adaptive, Recent};
 
 /// A rate as an operator gives it: capacity units per second (`500`), or a
 /// share of the table's provisioned capacity (`25%`).
@@ -60,10 +68,33 @@ impl Rate {
     }
 }
 
+/// A token bucket on debt, whose rate can change while callers wait; and
+/// what went through, per second.
 #[derive(Debug)]
 pub struct Budget {
     state: Mutex<Bucket>,
+    /// Wakes waiting callers when the rate changes.
+    changed: Notify,
+    /// Units consumed, recorded when the requests were answered.
+    through: std::sync::Mutex<Through>,
 }
+
+#[derive(Debug, Default)]
+struct Through {
+    recent: Recent,
+    /// The first record, the clock of `recent`; None: the budget's callers
+    /// never said what they consumed.
+    first: Option<Instant>,
+}
+
+/// When units were taken from a [`Budget`]: its count of rate cuts then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken(u64);
+
+/// Unused budget saved up, in seconds of the rate: an idle spell (writers
+/// backing off, a page boundary) is not followed by a burst the table
+/// refuses.
+pub const SAVED: f64 = 0.25;
 
 #[derive(Debug)]
 struct Bucket {
@@ -71,15 +102,20 @@ struct Bucket {
     rate: Option<f64>,
     tokens: f64,
     last: Instant,
+    /// Everything refilled since the start, uncapped: a caller in debt goes
+    /// once this reaches its place in the queue, at whatever rates it took.
+    refilled: f64,
+    /// Times the rate was lowered: units taken before a cut are not given
+    /// back after it.
+    cuts: u64,
 }
 
 impl Bucket {
     fn refill(&mut self, now: Instant) {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         if let Some(rate) = self.rate {
-            // At most one second of unused budget is saved up, so an idle spell
-            // is not followed by a burst at many times the rate.
-            self.tokens = (self.tokens + dt * rate).min(rate);
+            self.tokens = (self.tokens + dt * rate).min(rate * SAVED);
+            self.refilled += dt * rate;
         }
         self.last = now;
     }
@@ -88,12 +124,17 @@ impl Bucket {
 impl Budget {
     /// `None`: unlimited.
     pub fn new(units_per_second: Option<f64>) -> Budget {
+        let now = Instant::now();
         Budget {
             state: Mutex::new(Bucket {
                 rate: units_per_second.filter(|r| *r > 0.0),
                 tokens: 0.0,
-                last: Instant::now(),
+                last: now,
+                refilled: 0.0,
+                cuts: 0,
             }),
+            changed: Notify::new(),
+            through: std::sync::Mutex::new(Through::default()),
         }
     }
 
@@ -104,73 +145,134 @@ impl Budget {
     /// Wait until the budget is out of debt. Call before a request.
     pub async fn ready(&self) {
         loop {
+            let changed = self.changed.notified();
             let wait = {
                 let mut b = self.state.lock().await;
                 b.refill(Instant::now());
                 match b.rate {
-                    Some(rate) if b.tokens < 0.0 => Duration::from_secs_f64(-b.tokens / rate),
+                    Some(rate) if b.tokens < 0.0 => -b.tokens / rate,
                     _ => return,
                 }
             };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs_f64(wait)) => {}
+                _ = changed => {}
+            }
         }
     }
 
     /// Take `units` now and wait until they are paid for: for requests whose
     /// cost is known beforehand (writes), so that many concurrent callers are
-    /// spaced out instead of all passing a non-negative bucket at once.
-    pub async fn acquire(&self, units: f64) {
-        let wait = {
+    /// spaced out instead of all passing a non-negative bucket at once. A
+    /// caller waits its turn in the queue of debt at the rate of the moment:
+    /// a rate cut slows those already waiting too. Returns when the units
+    /// were taken, for [`Budget::give_back`].
+    pub async fn acquire(&self, units: f64) -> Taken {
+        let (place, taken) = {
             let mut b = self.state.lock().await;
             b.refill(Instant::now());
+            let taken = Taken(b.cuts);
             match b.rate {
-                Some(rate) => {
+                Some(_) => {
                     b.tokens -= units;
-                    if b.tokens < 0.0 {
-                        Duration::from_secs_f64(-b.tokens / rate)
-                    } else {
-                        Duration::ZERO
-                    }
+                    ((b.tokens < 0.0).then(|| b.refilled - b.tokens), taken)
                 }
-                None => Duration::ZERO,
+                None => (None, taken),
             }
         };
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+        let Some(place) = place else {
+            return taken;
+        };
+        loop {
+            let changed = self.changed.notified();
+            let wait = {
+                let mut b = self.state.lock().await;
+                b.refill(Instant::now());
+                match b.rate {
+                    Some(rate) if b.refilled < place => (place - b.refilled) / rate,
+                    _ => return taken,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs_f64(wait)) => {}
+                _ = changed => {}
+            }
         }
     }
 
-    /// Record what a request consumed.
+    /// A request consumed `units`, paid after the fact (reads).
     pub async fn spend(&self, units: f64) {
         let mut b = self.state.lock().await;
         b.refill(Instant::now());
         if b.rate.is_some() {
             b.tokens -= units;
         }
+        drop(b);
+        self.record(units);
+    }
+
+    /// Return `units` taken (when `taken`) and not used; negative: take
+    /// more. Units taken before a cut are not handed out again at the lower
+    /// rate (a storm's refused requests would otherwise pay for the next
+    /// one), and no more than [`SAVED`] is ever saved up.
+    pub async fn give_back(&self, units: f64, taken: Taken) {
+        let mut b = self.state.lock().await;
+        b.refill(Instant::now());
+        if let Some(rate) = b.rate
+            && (units < 0.0 || taken.0 == b.cuts)
+        {
+            b.tokens = (b.tokens + units).min((rate * SAVED).max(b.tokens));
+        }
+    }
+
+    /// A request was answered, having consumed `units`.
+    pub fn record(&self, units: f64) {
+        let now = Instant::now();
+        let mut t = self.through.lock().unwrap_or_else(|e| e.into_inner());
+        let first = *t.first.get_or_insert(now);
+        t.recent.add(first, now, units);
+    }
+
+    /// Units consumed by requests answered in the last second; None until a
+    /// second after the first answer (answers lag the requests: in the first
+    /// moments they say too little), or if no caller ever says.
+    pub fn last_second(&self) -> Option<f64> {
+        let now = Instant::now();
+        let t = self.through.lock().unwrap_or_else(|e| e.into_inner());
+        let first = t.first?;
+        (now.saturating_duration_since(first) >= Duration::from_secs(1))
+            .then(|| t.recent.last_second(first, now))
     }
 
     pub async fn rate(&self) -> Option<f64> {
         self.state.lock().await.rate
     }
 
-    /// Change the rate; waiting callers see it at their next check.
+    /// Change the rate; waiting callers see it at once.
     pub async fn set_rate(&self, rate: f64) {
         let mut b = self.state.lock().await;
         b.refill(Instant::now());
         let rate = rate.max(0.1);
+        if b.rate.is_some_and(|r| rate < r) {
+            b.cuts += 1;
+        }
         b.rate = Some(rate);
-        b.tokens = b.tokens.min(rate);
+        b.tokens = b.tokens.min(rate * SAVED);
+        drop(b);
+        self.changed.notify_waiters();
     }
 }
 
 /// A run's rate control: read and write budgets that adapt to throttling,
 /// pausing, and what was throttled and why.
 ///
-/// Adaptation is AIMD, as TCP does it: a throttle cuts the rate to 80 % (at
-/// most once a second, so a burst of rejections from many in-flight
-/// requests counts as one signal); every second without a throttle adds 5 % of
-/// the operator's ceiling back. The rate never exceeds the ceiling the
-/// operator set and never drops below 1 % of it.
+/// Each limited budget follows an [`Adaptive`] rate: a throttle cuts it to
+/// 90 % of what went through in the second before (a burst of rejections
+/// from many in-flight requests counts as one signal: the rate holds for a
+/// second after a cut), then it climbs back to that limit along a cubic and
+/// probes above it slowly. The rate never exceeds the ceiling the operator
+/// set and never drops below 1 % of it. A throttle blamed on one partition
+/// key ([`keys::KeyRates`]) is counted but leaves the table's rate alone.
 pub struct Control {
     pub read: Budget,
     pub write: Budget,
@@ -182,24 +284,44 @@ pub struct Control {
 }
 
 /// A write past the pause gate; dropping it (when the call is answered)
-/// ends it.
+/// ends it, and records the units it took as consumed unless it was
+/// [settled](InFlight::settle) with what DynamoDB said.
 #[must_use = "hold it until the write is answered"]
-pub struct InFlight<'a>(&'a Control);
+pub struct InFlight<'a> {
+    control: &'a Control,
+    units: f64,
+    taken: Taken,
+    settled: bool,
+}
+
+impl InFlight<'_> {
+    /// The write was answered having consumed `used` units (0: refused):
+    /// the budget gets back what it took beyond that.
+    pub async fn settle(mut self, used: f64) {
+        self.control
+            .write
+            .give_back(self.units - used, self.taken)
+            .await;
+        self.control.write.record(used);
+        self.settled = true;
+    }
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0
+        if !self.settled {
+            self.control.write.record(self.units);
+        }
+        self.control
             .in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 struct ControlState {
-    read_ceiling: Option<f64>,
-    write_ceiling: Option<f64>,
-    last_read_cut: Option<Instant>,
-    last_write_cut: Option<Instant>,
-    last_throttle: Option<Instant>,
+    /// None: unlimited, nothing to adapt.
+    read: Option<Adaptive>,
+    write: Option<Adaptive>,
     stats: ThrottleStats,
 }
 
@@ -207,13 +329,26 @@ struct ControlState {
 pub struct ThrottleStats {
     pub read_throttles: u64,
     pub write_throttles: u64,
+    /// Of the write throttles, those blamed on the refused items' own
+    /// partition keys (their rates came down, the table's did not).
+    pub key_write_throttles: u64,
+    /// Times the write rate was cut (one per burst of throttles).
+    pub write_cuts: u64,
+    /// WCU/s that went through when the write rate was last cut: the limit found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_limit_found: Option<f64>,
     /// DynamoDB's ThrottlingReasons, counted (`TableWriteKeyRangeThroughputExceeded`, …).
     pub reasons: BTreeMap<String, u64>,
 }
 
-const CUT: f64 = 0.8;
-const CUT_EVERY: Duration = Duration::from_secs(1);
-const RAISE: f64 = 0.05;
+/// Who a throttle slows down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slow {
+    Read,
+    Write,
+    /// A write blamed on its partition keys: counted, the table's rate kept.
+    Keys,
+}
 
 impl Control {
     pub fn new(read_rate: Option<f64>, write_rate: Option<f64>) -> Control {
@@ -221,11 +356,8 @@ impl Control {
             read: Budget::new(read_rate),
             write: Budget::new(write_rate),
             inner: Mutex::new(ControlState {
-                read_ceiling: read_rate,
-                write_ceiling: write_rate,
-                last_read_cut: None,
-                last_write_cut: None,
-                last_throttle: None,
+                read: read_rate.map(Adaptive::new),
+                write: write_rate.map(Adaptive::new),
                 stats: ThrottleStats::default(),
             }),
             paused: watch::channel(false).0,
@@ -236,12 +368,19 @@ impl Control {
     /// Counts a write in flight once the pause gate lets it through. The
     /// count goes up before the gate is looked at, so a pause that finds no
     /// write in flight knows that none will start until it is lifted.
-    async fn enter_write(&self) -> InFlight<'_> {
+    async fn enter_write(&self, units: f64, taken: Taken) -> InFlight<'_> {
         use std::sync::atomic::Ordering::SeqCst;
         loop {
             self.in_flight.fetch_add(1, SeqCst);
-            let guard = InFlight(self);
+            let mut guard = InFlight {
+                control: self,
+                units: 0.0,
+                taken,
+                settled: true,
+            };
             if !self.is_paused() {
+                guard.units = units;
+                guard.settled = false;
                 return guard;
             }
             drop(guard);
@@ -274,14 +413,14 @@ impl Control {
     /// the guard until the write is answered.
     pub async fn wait_write(&self) -> InFlight<'_> {
         self.write.ready().await;
-        self.enter_write().await
+        self.enter_write(0.0, Taken(0)).await
     }
 
     /// Wait for room for a write of `units` WCU (known from the item sizes);
     /// hold the guard until the write is answered.
     pub async fn acquire_write(&self, units: f64) -> InFlight<'_> {
-        self.write.acquire(units).await;
-        self.enter_write().await
+        let taken = self.write.acquire(units).await;
+        self.enter_write(units, taken).await
     }
 
     pub fn set_paused(&self, paused: bool) {
@@ -292,29 +431,32 @@ impl Control {
         *self.paused.borrow()
     }
 
-    /// New ceilings from the operator; the current rate moves to them.
+    /// New ceilings from the operator; the current rate moves to them and
+    /// the limits found are forgotten.
     pub async fn set_ceilings(&self, read: Option<f64>, write: Option<f64>) {
         let mut s = self.inner.lock().await;
         if let Some(r) = read {
-            s.read_ceiling = Some(r);
+            s.read = Some(Adaptive::new(r));
             self.read.set_rate(r).await;
         }
         if let Some(w) = write {
-            s.write_ceiling = Some(w);
+            s.write = Some(Adaptive::new(w));
             self.write.set_rate(w).await;
         }
     }
 
-    async fn throttled(&self, write: bool, e: &AwsError, attempt: u32) {
+    async fn throttled(&self, slow: Slow, e: &AwsError, mut attempt: u32) {
         let now = Instant::now();
         {
             let mut guard = self.inner.lock().await;
             let s = &mut *guard;
-            s.last_throttle = Some(now);
-            if write {
-                s.stats.write_throttles += 1;
-            } else {
-                s.stats.read_throttles += 1;
+            match slow {
+                Slow::Read => s.stats.read_throttles += 1,
+                Slow::Write => s.stats.write_throttles += 1,
+                Slow::Keys => {
+                    s.stats.write_throttles += 1;
+                    s.stats.key_write_throttles += 1;
+                }
             }
             if let AwsError::Throttled { reasons, code, .. } = e {
                 if reasons.is_empty() {
@@ -324,16 +466,27 @@ impl Control {
                     *s.stats.reasons.entry(r.clone()).or_default() += 1;
                 }
             }
-            let (last, ceiling, budget) = if write {
-                (&mut s.last_write_cut, s.write_ceiling, &self.write)
-            } else {
-                (&mut s.last_read_cut, s.read_ceiling, &self.read)
+            let (mut adaptive, budget) = match slow {
+                Slow::Read => (s.read.as_mut(), &self.read),
+                Slow::Write => (s.write.as_mut(), &self.write),
+                Slow::Keys => (None, &self.write),
             };
-            if last.is_none_or(|t| now.duration_since(t) >= CUT_EVERY) {
-                *last = Some(now);
-                if let (Some(ceiling), Some(rate)) = (ceiling, budget.rate().await) {
-                    budget.set_rate((rate * CUT).max(ceiling * 0.01)).await;
+            if let Some(a) = adaptive.as_deref_mut()
+                && a.is_new_signal(now)
+            {
+                let achieved = budget.last_second();
+                if let Some(rate) = a.throttled(now, achieved) {
+                    budget.set_rate(rate).await;
+                    if slow == Slow::Write {
+                        s.stats.write_cuts += 1;
+                        s.stats.write_limit_found = a.limit();
+                    }
                 }
+            }
+            // An adaptive budget paces the retry; the backoff only spreads
+            // the writers out. Without one, it is all there is.
+            if adaptive.is_some() || slow == Slow::Keys {
+                attempt = attempt.min(2);
             }
         }
         tokio::time::sleep(backoff(attempt, jitter())).await;
@@ -341,33 +494,41 @@ impl Control {
 
     /// Record a throttled read, cut the read rate, and back off.
     pub async fn read_throttled(&self, e: &AwsError) {
-        self.throttled(false, e, 2).await;
+        self.throttled(Slow::Read, e, 2).await;
     }
 
     /// Record a throttled read on its `attempt`-th retry (BatchGetItem's
     /// UnprocessedKeys), cut the read rate, and back off exponentially.
     pub async fn read_throttled_retry(&self, e: &AwsError, attempt: u32) {
-        self.throttled(false, e, attempt).await;
+        self.throttled(Slow::Read, e, attempt).await;
     }
 
     /// Record a throttled write (its `attempt`-th retry), cut the write rate, and back off.
     pub async fn write_throttled(&self, e: &AwsError, attempt: u32) {
-        self.throttled(true, e, attempt).await;
+        self.throttled(Slow::Write, e, attempt).await;
     }
 
-    /// Additive increase; call once a second.
+    /// Record a write throttled by its items' own partition keys (whose
+    /// rates the caller brings down) and back off; the table's rate stays.
+    pub async fn write_key_throttled(&self, e: &AwsError, attempt: u32) {
+        self.throttled(Slow::Keys, e, attempt).await;
+    }
+
+    /// Move the rates along their curves; call once a second.
     pub async fn tick(&self) {
-        let s = self.inner.lock().await;
-        if s.last_throttle
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        for (ceiling, budget) in [(s.read_ceiling, &self.read), (s.write_ceiling, &self.write)] {
-            if let (Some(c), Some(r)) = (ceiling, budget.rate().await)
-                && r < c
-            {
-                budget.set_rate((r + c * RAISE).min(c)).await;
+        let now = Instant::now();
+        let mut guard = self.inner.lock().await;
+        let s = &mut *guard;
+        for (adaptive, budget) in [
+            (s.read.as_mut(), &self.read),
+            (s.write.as_mut(), &self.write),
+        ] {
+            if let Some(a) = adaptive {
+                let used = budget.last_second().unwrap_or(a.rate());
+                let r = a.at(now, used);
+                if budget.rate().await != Some(r) {
+                    budget.set_rate(r).await;
+                }
             }
         }
     }
@@ -378,189 +539,4 @@ impl Control {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn debt_is_paid_at_the_rate() {
-        let b = Budget::new(Some(100.0));
-        let start = Instant::now();
-        for _ in 0..10 {
-            b.ready().await;
-            b.spend(50.0).await;
-        }
-        b.ready().await;
-        // 500 units at 100/s: the last caller may go after 5 s, not before.
-        let t = start.elapsed().as_secs_f64();
-        assert!((4.99..=5.01).contains(&t), "{t}");
-    }
-
-    #[test]
-    fn rates_are_units_or_shares_of_provisioned_capacity() {
-        assert_eq!("500".parse::<Rate>(), Ok(Rate::Units(500.0)));
-        assert_eq!("25%".parse::<Rate>(), Ok(Rate::Share(0.25)));
-        assert!(
-            "0".parse::<Rate>().is_err()
-                && "150%".parse::<Rate>().is_err()
-                && "x".parse::<Rate>().is_err()
-        );
-        assert_eq!(
-            Rate::Share(0.25).resolve("t", Some(400), "write"),
-            Ok(100.0)
-        );
-        assert_eq!(Rate::Units(7.0).resolve("t", None, "write"), Ok(7.0));
-        assert!(
-            Rate::Share(0.5)
-                .resolve("t", None, "write")
-                .unwrap_err()
-                .contains("on-demand")
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn acquiring_spaces_concurrent_callers() {
-        let b = std::sync::Arc::new(Budget::new(Some(100.0)));
-        let start = Instant::now();
-        let mut done = Vec::new();
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let b = b.clone();
-            tasks.push(tokio::spawn(async move {
-                b.acquire(50.0).await;
-                Instant::now()
-            }));
-        }
-        for t in tasks {
-            done.push(t.await.unwrap().duration_since(start).as_secs_f64());
-        }
-        done.sort_by(f64::total_cmp);
-        // 50 units each at 100/s: released at 0.5, 1.0, 1.5 and 2.0 s, not all at once.
-        for (i, t) in done.iter().enumerate() {
-            let want = 0.5 * (i + 1) as f64;
-            assert!((t - want).abs() < 0.01, "{done:?}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn idle_time_saves_at_most_one_second() {
-        let b = Budget::new(Some(10.0));
-        tokio::time::sleep(Duration::from_secs(60)).await;
-        let start = Instant::now();
-        for _ in 0..4 {
-            b.ready().await;
-            b.spend(10.0).await;
-        }
-        b.ready().await;
-        // 10 saved units cover the first request; the other 30 take 3 s.
-        let t = start.elapsed().as_secs_f64();
-        assert!((2.99..=3.01).contains(&t), "{t}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_new_rate_applies_to_waiting_debt() {
-        let b = Budget::new(Some(10.0));
-        b.spend(100.0).await;
-        b.set_rate(100.0).await;
-        let start = Instant::now();
-        b.ready().await;
-        let t = start.elapsed().as_secs_f64();
-        assert!((0.99..=1.01).contains(&t), "{t}");
-        assert_eq!(b.rate().await, Some(100.0));
-        Budget::unlimited().ready().await;
-    }
-
-    fn throttle(reason: &str) -> AwsError {
-        AwsError::Throttled {
-            action: "PutItem",
-            resource: "t".into(),
-            code: "ProvisionedThroughputExceededException".into(),
-            detail: String::new(),
-            reasons: vec![reason.into()],
-            endpoint: std::sync::Arc::new(crate::aws::Endpoint {
-                service: crate::aws::Service::DynamoDb,
-                url: "http://127.0.0.1:9".into(),
-                source: crate::aws::Source::Flag,
-            }),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn throttles_cut_the_rate_once_per_burst_and_quiet_seconds_restore_it() {
-        let c = Control::new(None, Some(1000.0));
-        // Ten rejections at once are one congestion signal.
-        for _ in 0..10 {
-            c.write.set_rate(c.write.rate().await.unwrap()).await; // no-op; keeps the clock still
-        }
-        let e = throttle("TableWriteKeyRangeThroughputExceeded");
-        let mut joins = Vec::new();
-        for i in 0..10 {
-            let c = &c;
-            let e = &e;
-            joins.push(async move { c.write_throttled(e, i).await });
-        }
-        futures::future::join_all(joins).await;
-        assert_eq!(c.write.rate().await, Some(800.0));
-        let stats = c.stats().await;
-        assert_eq!(stats.write_throttles, 10);
-        assert_eq!(stats.reasons["TableWriteKeyRangeThroughputExceeded"], 10);
-        // Repeated throttling keeps cutting, but never below 1 % of the ceiling.
-        for _ in 0..60 {
-            tokio::time::sleep(CUT_EVERY).await;
-            c.write_throttled(&e, 0).await;
-        }
-        assert_eq!(c.write.rate().await, Some(10.0));
-        // Quiet seconds add 5 % of the ceiling each, up to the ceiling.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        for _ in 0..30 {
-            c.tick().await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        assert_eq!(c.write.rate().await, Some(1000.0));
-        assert_eq!(
-            c.read.rate().await,
-            None,
-            "an unlimited read budget stays unlimited"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn pause_holds_callers_until_resumed() {
-        let c = std::sync::Arc::new(Control::new(None, None));
-        c.set_paused(true);
-        let c2 = c.clone();
-        let waiter = tokio::spawn(async move {
-            let _in_flight = c2.wait_write().await;
-            Instant::now()
-        });
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        assert!(!waiter.is_finished());
-        let resumed_at = Instant::now();
-        c.set_paused(false);
-        assert!(waiter.await.unwrap() >= resumed_at);
-        c.set_ceilings(Some(50.0), Some(60.0)).await;
-        assert_eq!(c.read.rate().await, Some(50.0));
-        assert_eq!(c.write.rate().await, Some(60.0));
-    }
-
-    /// A pause is quiet only once every write that passed the gate before it
-    /// was answered; a write that comes to the gate after it waits, uncounted.
-    #[tokio::test(start_paused = true)]
-    async fn a_pause_is_quiet_once_writes_in_flight_are_answered() {
-        let c = std::sync::Arc::new(Control::new(None, None));
-        let sent = c.acquire_write(1.0).await;
-        c.set_paused(true);
-        assert_eq!(c.writes_in_flight(), 1);
-        assert!(!c.is_quiet(), "a write is still in flight");
-        let c2 = c.clone();
-        let late = tokio::spawn(async move {
-            let _in_flight = c2.acquire_write(1.0).await;
-        });
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!late.is_finished(), "held at the gate");
-        drop(sent);
-        assert!(c.is_quiet(), "the late write is not counted while it waits");
-        c.set_paused(false);
-        late.await.unwrap();
-        assert_eq!(c.writes_in_flight(), 0);
-    }
-}
+mod tests;

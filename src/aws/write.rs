@@ -13,12 +13,15 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, ReturnConsumedCapacity, WriteRequest};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, DeleteRequest, PutRequest, ReturnConsumedCapacity, WriteRequest,
+};
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter};
-use crate::aws::{AwsError, Clients, to_sdk_item};
-use crate::core::value::{Item, item_size, write_units};
+pub use crate::aws::rate::keys::Blame;
+use crate::aws::retry::{ThrottlesToCaller, backoff, jitter};
+use crate::aws::{AwsError, Clients, to_sdk, to_sdk_item};
+use crate::core::value::{Item, Value, item_size, write_units};
 
 pub const BATCH: usize = 25;
 
@@ -71,8 +74,50 @@ impl Write<'_> {
     }
 }
 
-fn requests(writes: &[Write<'_>]) -> Vec<WriteRequest> {
-    writes.iter().filter_map(Write::request).collect()
+fn requests(writes: &[Write<'_>], pending: &[usize]) -> Vec<WriteRequest> {
+    pending
+        .iter()
+        .filter_map(|&i| writes[i].request())
+        .collect()
+}
+
+/// What paces a batch's items beyond the table's budget, and whose limit
+/// their throttles hit: the backfill's writer paces and adapts per
+/// partition key ([`crate::aws::rate::keys::KeyRates`]).
+pub trait Pace: Sync {
+    /// Of the batch's items at `pending` (indices), those that may be sent
+    /// now (at least one: waits until then). The others wait for a later
+    /// request, so that a slow key never holds back the rest.
+    fn ready(&self, pending: &[usize]) -> impl Future<Output = Vec<usize>> + Send;
+    /// DynamoDB's answer to an attempt: the items it wrote and those it
+    /// throttled, with its ThrottlingReasons (empty for UnprocessedItems).
+    /// `Blame::Keys`: the refused items' own keys were over their limits
+    /// (and are slowed), so the table's rate need not come down.
+    fn answered(&self, written: &[usize], throttled: &[usize], reasons: &[String]) -> Blame;
+}
+
+/// No pacing beyond the table's budget: every throttle is the table's.
+pub struct NoPace;
+
+impl Pace for NoPace {
+    async fn ready(&self, pending: &[usize]) -> Vec<usize> {
+        pending.to_vec()
+    }
+    fn answered(&self, _: &[usize], _: &[usize], _: &[String]) -> Blame {
+        Blame::Table
+    }
+}
+
+/// What DynamoDB's ThrottlingReasons say: `Keys` when every reason is a key
+/// range's, `Table` when one is anything else, None when there are none.
+pub fn blame_of(reasons: &[String]) -> Option<Blame> {
+    if reasons.is_empty() {
+        None
+    } else if reasons.iter().all(|r| r.contains("KeyRange")) {
+        Some(Blame::Keys)
+    } else {
+        Some(Blame::Table)
+    }
 }
 
 /// Put up to 25 items (distinct keys) under `control`, retrying
@@ -84,8 +129,21 @@ pub async fn write_batch(
     control: &Control,
     max_retries: u32,
 ) -> Result<BatchResult, AwsError> {
+    write_batch_paced(clients, table, items, control, max_retries, &NoPace).await
+}
+
+/// [`write_batch`], each attempt's items chosen by `pace` too, and each
+/// throttle blamed on the table or the items' keys as `pace` says.
+pub async fn write_batch_paced(
+    clients: &Clients,
+    table: &str,
+    items: &[Item],
+    control: &Control,
+    max_retries: u32,
+    pace: &impl Pace,
+) -> Result<BatchResult, AwsError> {
     let writes: Vec<Write<'_>> = items.iter().map(Write::Put).collect();
-    write_requests(clients, table, &writes, control, max_retries).await
+    write_requests_paced(clients, table, &writes, control, max_retries, pace).await
 }
 
 /// Up to 25 puts and deletes, each of a different key (DynamoDB refuses a
@@ -98,100 +156,226 @@ pub async fn write_requests(
     control: &Control,
     max_retries: u32,
 ) -> Result<BatchResult, AwsError> {
-    debug_assert!(writes.len() <= BATCH);
-    let mut result = BatchResult {
-        consumed: 0.0,
-        refused: vec![None; writes.len()],
-    };
-    if writes.is_empty() {
-        return Ok(result);
-    }
-    let units: f64 = writes.iter().map(Write::units).sum();
-    // None: every request, built from `writes` for each attempt (no copy kept
-    // on the common path, where one call writes them all); Some: the part
-    // DynamoDB left unprocessed, copied for each retry.
-    let mut unprocessed: Option<Vec<WriteRequest>> = None;
-    let mut attempt = 0;
-    let mut failures = 0;
-    loop {
-        let request = match &unprocessed {
-            None => requests(writes),
-            Some(rest) => rest.clone(),
-        };
-        // The cost is known before the call: take it up front, correct it after.
-        let estimate = units * request.len() as f64 / writes.len().max(1) as f64;
-        let _in_flight = control.acquire_write(estimate).await;
-        let res = clients
-            .dynamodb
-            .batch_write_item()
-            .set_request_items(Some(HashMap::from([(table.to_string(), request)])))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        match res {
-            Ok(out) => {
-                let used = out
-                    .consumed_capacity()
-                    .iter()
-                    .filter_map(|c| c.capacity_units())
-                    .sum::<f64>();
-                control.write.spend(used - estimate).await;
-                result.consumed += used;
-                let rest = out
-                    .unprocessed_items
-                    .and_then(|mut m| m.remove(table))
-                    .unwrap_or_default();
-                if rest.is_empty() {
-                    break;
-                }
-                // Unprocessed items are DynamoDB's quiet way of throttling.
-                let e = AwsError::Throttled {
-                    action: "BatchWriteItem",
-                    resource: table.into(),
-                    code: "UnprocessedItems".into(),
-                    detail: format!("{} items unprocessed", rest.len()),
-                    reasons: Vec::new(),
-                    endpoint: clients.endpoints.dynamodb.clone(),
-                };
-                unprocessed = Some(rest);
-                control.write_throttled(&e, attempt).await;
-                attempt = (attempt + 1).min(6);
-            }
-            Err(e) => match clients.error("BatchWriteItem", table, e) {
-                // A refused call consumed nothing: give the estimate back.
-                e @ AwsError::Throttled { .. } => {
-                    control.write.spend(-estimate).await;
-                    control.write_throttled(&e, attempt).await;
-                    attempt = (attempt + 1).min(6);
-                }
-                AwsError::Service { code, .. } if code == "ValidationException" => {
-                    return isolate(clients, table, writes, control, max_retries, result).await;
-                }
-                e if e.is_transient() && failures < max_retries => {
-                    control.write.spend(-estimate).await;
-                    failures += 1;
-                    tokio::time::sleep(backoff(failures, jitter())).await;
-                }
-                e => return Err(e),
-            },
-        }
-    }
-    Ok(result)
+    write_requests_paced(clients, table, writes, control, max_retries, &NoPace).await
 }
 
-/// A batch failed validation: find the request(s) at fault by sending each
-/// alone (PutItem or DeleteItem).
-async fn isolate(
+/// How one BatchWriteItem call went.
+enum Attempt {
+    /// Everything sent was written.
+    Written,
+    /// Some or all of it was refused by a throttle: these (indices).
+    Throttled(AwsError, Vec<usize>),
+    Failed(AwsError),
+}
+
+/// [`write_requests`], paced and blamed as `pace` says.
+async fn write_requests_paced(
     clients: &Clients,
     table: &str,
     writes: &[Write<'_>],
     control: &Control,
     max_retries: u32,
-    mut result: BatchResult,
+    pace: &impl Pace,
 ) -> Result<BatchResult, AwsError> {
-    for (i, write) in writes.iter().enumerate() {
-        let mut attempt = 0;
-        let mut failures = 0;
+    debug_assert!(writes.len() <= BATCH);
+    let mut result = BatchResult {
+        consumed: 0.0,
+        refused: vec![None; writes.len()],
+    };
+    let units: Vec<f64> = writes.iter().map(Write::units).collect();
+    // The requests not done yet: all of them, less what each call wrote.
+    let mut pending: Vec<usize> = (0..writes.len()).collect();
+    let (mut attempt, mut failures) = (0, 0);
+    while !pending.is_empty() {
+        let sending = pace.ready(&pending).await;
+        let estimate: f64 = sending.iter().map(|&i| units[i]).sum();
+        let (e, refused) = match send(clients, table, writes, &sending, estimate, control).await {
+            (used, Attempt::Written) => {
+                result.consumed += used;
+                pace.answered(&sending, &[], &[]);
+                pending.retain(|i| !sending.contains(i));
+                continue;
+            }
+            (used, Attempt::Throttled(e, refused)) => {
+                result.consumed += used;
+                (e, refused)
+            }
+            (_, Attempt::Failed(AwsError::Service { code, .. }))
+                if code == "ValidationException" =>
+            {
+                let alone = Alone {
+                    clients,
+                    table,
+                    control,
+                    max_retries,
+                };
+                return alone.isolate(writes, &pending, result).await;
+            }
+            (_, Attempt::Failed(e)) if e.is_transient() && failures < max_retries => {
+                failures += 1;
+                tokio::time::sleep(backoff(failures, jitter())).await;
+                continue;
+            }
+            (_, Attempt::Failed(e)) => return Err(e),
+        };
+        let reasons = match &e {
+            AwsError::Throttled { reasons, .. } => reasons.as_slice(),
+            _ => &[],
+        };
+        let written: Vec<usize> = sending
+            .iter()
+            .copied()
+            .filter(|i| !refused.contains(i))
+            .collect();
+        pending.retain(|i| !written.contains(i));
+        match pace.answered(&written, &refused, reasons) {
+            Blame::Keys => control.write_key_throttled(&e, attempt).await,
+            Blame::Table => control.write_throttled(&e, attempt).await,
+        }
+        attempt = (attempt + 1).min(6);
+    }
+    Ok(result)
+}
+
+/// One BatchWriteItem call of the requests at `sending`, `estimate` units
+/// taken from the budget before and settled after; the units consumed.
+async fn send(
+    clients: &Clients,
+    table: &str,
+    writes: &[Write<'_>],
+    sending: &[usize],
+    estimate: f64,
+    control: &Control,
+) -> (f64, Attempt) {
+    let in_flight = control.acquire_write(estimate).await;
+    let res = clients
+        .dynamodb
+        .batch_write_item()
+        .set_request_items(Some(HashMap::from([(
+            table.to_string(),
+            requests(writes, sending),
+        )])))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .customize()
+        .config_override(
+            aws_sdk_dynamodb::config::Builder::default().retry_classifier(ThrottlesToCaller),
+        )
+        .send()
+        .await;
+    let out = match res {
+        Ok(out) => out,
+        Err(e) => {
+            // A refused or failed call consumed nothing: give the estimate back.
+            in_flight.settle(0.0).await;
+            return match clients.error("BatchWriteItem", table, e) {
+                e @ AwsError::Throttled { .. } => (0.0, Attempt::Throttled(e, sending.to_vec())),
+                e => (0.0, Attempt::Failed(e)),
+            };
+        }
+    };
+    let used = out
+        .consumed_capacity()
+        .iter()
+        .filter_map(|c| c.capacity_units())
+        .sum::<f64>();
+    in_flight.settle(used).await;
+    let rest = out
+        .unprocessed_items
+        .and_then(|mut m| m.remove(table))
+        .unwrap_or_default();
+    if rest.is_empty() {
+        return (used, Attempt::Written);
+    }
+    // Unprocessed items are DynamoDB's quiet way of throttling.
+    let e = AwsError::Throttled {
+        action: "BatchWriteItem",
+        resource: table.into(),
+        code: "UnprocessedItems".into(),
+        detail: format!("{} items unprocessed", rest.len()),
+        reasons: Vec::new(),
+        endpoint: clients.endpoints.dynamodb.clone(),
+    };
+    (
+        used,
+        Attempt::Throttled(e, unprocessed(writes, sending, &rest)),
+    )
+}
+
+/// The indices (among `pending`) of the requests DynamoDB left unprocessed.
+/// It answers with the requests as sent, usually in order; a request that
+/// matches none (never seen) leaves every pending request to send again —
+/// a repeated put of the same image, or delete of the same key, is harmless.
+fn unprocessed(writes: &[Write<'_>], pending: &[usize], rest: &[WriteRequest]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut from = 0;
+    for r in rest {
+        let n = pending.len();
+        let found = (0..n)
+            .map(|k| (from + k) % n)
+            .find(|&k| is_request(r, &writes[pending[k]]));
+        match found {
+            Some(k) => {
+                out.push(pending[k]);
+                from = k + 1;
+            }
+            None => return pending.to_vec(),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Whether DynamoDB's unprocessed request `r` is `write`.
+fn is_request(r: &WriteRequest, write: &Write<'_>) -> bool {
+    match (write, r.put_request(), r.delete_request()) {
+        (Write::Put(item), Some(put), _) => same_item(put.item(), item),
+        (Write::Delete(key), _, Some(del)) => same_item(del.key(), key),
+        _ => false,
+    }
+}
+
+/// Whether an SDK item is `item`.
+fn same_item(sdk: &HashMap<String, AttributeValue>, item: &Item) -> bool {
+    sdk.len() == item.len()
+        && item.iter().all(|(k, v)| {
+            sdk.get(k).is_some_and(|a| match (a, v) {
+                (AttributeValue::S(a), Value::S(b)) | (AttributeValue::N(a), Value::N(b)) => a == b,
+                (AttributeValue::S(_) | AttributeValue::N(_), _) => false,
+                (a, v) => *a == to_sdk(v),
+            })
+        })
+}
+
+/// Where a batch that failed validation is narrowed down: each request
+/// alone (PutItem or DeleteItem), so only the one at fault is refused.
+struct Alone<'a> {
+    clients: &'a Clients,
+    table: &'a str,
+    control: &'a Control,
+    max_retries: u32,
+}
+
+impl Alone<'_> {
+    async fn isolate(
+        &self,
+        writes: &[Write<'_>],
+        pending: &[usize],
+        mut result: BatchResult,
+    ) -> Result<BatchResult, AwsError> {
+        for &i in pending {
+            match self.write_one(&writes[i]).await? {
+                Ok(used) => result.consumed += used,
+                Err(reason) => result.refused[i] = Some(reason),
+            }
+        }
+        Ok(result)
+    }
+
+    /// One request until done: the units it used, or why DynamoDB refused it.
+    async fn write_one(&self, write: &Write<'_>) -> Result<Result<f64, String>, AwsError> {
+        let (clients, table, control) = (self.clients, self.table, self.control);
+        let (mut attempt, mut failures) = (0, 0);
         loop {
             let _in_flight = control.wait_write().await;
             let res = match write {
@@ -220,8 +404,7 @@ async fn isolate(
                 Ok(used) => {
                     let used = used.unwrap_or(1.0);
                     control.write.spend(used).await;
-                    result.consumed += used;
-                    break;
+                    return Ok(Ok(used));
                 }
                 Err(e @ AwsError::Throttled { .. }) => {
                     control.write_throttled(&e, attempt).await;
@@ -232,10 +415,9 @@ async fn isolate(
                         Write::Put(_) => "the item",
                         Write::Delete(_) => "the delete",
                     };
-                    result.refused[i] = Some(format!("DynamoDB refused {what}: {detail}"));
-                    break;
+                    return Ok(Err(format!("DynamoDB refused {what}: {detail}")));
                 }
-                Err(e) if e.is_transient() && failures < max_retries => {
+                Err(e) if e.is_transient() && failures < self.max_retries => {
                     failures += 1;
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
@@ -243,7 +425,6 @@ async fn isolate(
             }
         }
     }
-    Ok(result)
 }
 
 /// Put any number of items, `concurrency` batches in flight, no rate limit.
@@ -271,4 +452,72 @@ pub async fn put_all(
             Ok(acc + r.consumed)
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(pk: &str, sk: u32) -> Item {
+        Item::from([
+            ("PK".to_string(), Value::S(pk.into())),
+            ("SK".to_string(), Value::N(sk.to_string())),
+            ("tags".to_string(), Value::Ss(vec!["a".into(), "b".into()])),
+        ])
+    }
+
+    fn put(i: &Item) -> WriteRequest {
+        Write::Put(i).request().unwrap()
+    }
+
+    fn delete(k: &Item) -> WriteRequest {
+        Write::Delete(k).request().unwrap()
+    }
+
+    #[test]
+    fn unprocessed_requests_are_found_among_those_sent_in_any_order() {
+        let items: Vec<Item> = (0..6)
+            .map(|i| item(if i % 2 == 0 { "a" } else { "b" }, i))
+            .collect();
+        // Even requests are puts, odd ones deletes of the same shape.
+        let writes: Vec<Write<'_>> = items
+            .iter()
+            .enumerate()
+            .map(|(i, it)| {
+                if i % 2 == 0 {
+                    Write::Put(it)
+                } else {
+                    Write::Delete(it)
+                }
+            })
+            .collect();
+        let sent = [1, 2, 4, 5];
+        assert_eq!(
+            unprocessed(&writes, &sent, &[delete(&items[5]), put(&items[2])]),
+            [2, 5]
+        );
+        assert_eq!(unprocessed(&writes, &sent, &[]), Vec::<usize>::new());
+        // One DynamoDB never saw: write everything sent again, rather than lose it.
+        assert_eq!(unprocessed(&writes, &sent, &[put(&items[0])]), sent);
+        // A put is not a delete of the same attributes.
+        assert_eq!(unprocessed(&writes, &sent, &[put(&items[5])]), sent);
+        assert!(!same_item(&to_sdk_item(&items[1]), &items[3]));
+    }
+
+    #[test]
+    fn throttling_reasons_name_keys_or_the_table() {
+        let r = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(blame_of(&[]), None);
+        assert_eq!(
+            blame_of(&r(&["TableWriteKeyRangeThroughputExceeded"])),
+            Some(Blame::Keys)
+        );
+        assert_eq!(
+            blame_of(&r(&[
+                "TableWriteKeyRangeThroughputExceeded",
+                "TableWriteProvisionedThroughputExceeded"
+            ])),
+            Some(Blame::Table)
+        );
+    }
 }

@@ -33,6 +33,9 @@
 //!   unless table limits are set), `ListTables`, `ListStreams`.
 //! * `GET /stats`: what was served and written, throttles, per 1-second
 //!   window, and the process's own CPU time ([`StandinStats`]).
+//! * `error_500_ratio`: that share of DynamoDB requests is answered HTTP 500
+//!   `InternalServerError` without being looked at (drawn from a SplitMix64
+//!   stream seeded by `seed`), as the proxy's faults do.
 //!
 //! Pages and records are written straight into pre-sized buffers; write
 //! requests are read with visitors that only add up sizes ([`wire`]). Target
@@ -49,6 +52,7 @@ pub mod wire;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -96,6 +100,8 @@ pub struct StandinOptions {
     pub stream_records: u64,
     /// Enforced on both tables; None: no limit (and no per-key accounting).
     pub limits: Option<Limits>,
+    /// Share of DynamoDB requests answered HTTP 500 without being looked at.
+    pub error_500_ratio: f64,
 }
 
 impl StandinOptions {
@@ -116,6 +122,7 @@ impl StandinOptions {
             shards: 4,
             stream_records: 0,
             limits: None,
+            error_500_ratio: 0.0,
         }
     }
 }
@@ -306,6 +313,8 @@ pub struct StandinStats {
     pub read_units: f64,
     pub throttled_requests: u64,
     pub throttled_items: u64,
+    /// Requests answered HTTP 500 (`error_500_ratio`).
+    pub errors_500: u64,
     pub windows: Vec<Window>,
 }
 
@@ -321,6 +330,7 @@ struct Tally {
     read_units: f64,
     throttled_request: bool,
     throttled_items: u64,
+    error_500: bool,
 }
 
 struct Shared {
@@ -328,6 +338,9 @@ struct Shared {
     limiter: Option<Mutex<Limiter>>,
     started: Instant,
     stats: Mutex<StandinStats>,
+    error_500_ratio: f64,
+    /// The fault draws' SplitMix64 state.
+    rng: AtomicU64,
 }
 
 /// A running stand-in; dropping it stops it.
@@ -352,6 +365,8 @@ impl Standin {
             limiter: opts.limits.map(|l| Mutex::new(Limiter::new(l))),
             started: Instant::now(),
             stats: Mutex::new(StandinStats::default()),
+            error_500_ratio: opts.error_500_ratio,
+            rng: AtomicU64::new(opts.seed),
         });
         let service = {
             let shared = Arc::clone(&shared);
@@ -475,6 +490,11 @@ async fn handle(
         .or_else(|| target.strip_prefix("DynamoDBStreams_20120810."))
         .unwrap_or_default();
     let mut tally = Tally::default();
+    if shared.error_500_ratio > 0.0 && splitmix(&shared.rng) < shared.error_500_ratio {
+        tally.error_500 = true;
+        shared.count(op, &tally);
+        return Ok(internal_error());
+    }
     let answer = shared.dispatch(op, &body, &mut tally);
     shared.count(op, &tally);
     Ok(match answer {
@@ -490,6 +510,27 @@ async fn handle(
             limits::throttle_body(&r).into_bytes(),
         ),
     })
+}
+
+fn internal_error() -> Response<Full<Bytes>> {
+    let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"Internal server error"}"#;
+    respond(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Some("InternalServerError"),
+        body.as_bytes().to_vec(),
+    )
+}
+
+/// The next uniform draw in [0, 1) of a SplitMix64 stream.
+fn splitmix(state: &AtomicU64) -> f64 {
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut z = state
+        .fetch_add(GAMMA, Ordering::Relaxed)
+        .wrapping_add(GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, Answer> {

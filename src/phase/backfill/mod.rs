@@ -45,7 +45,7 @@ use crate::aws::Clients;
 use crate::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader, S3Client};
 use crate::aws::rate::{Control, Rate, ThrottleStats};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
-use crate::aws::write::{BATCH, write_batch};
+use crate::aws::write::BATCH;
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};

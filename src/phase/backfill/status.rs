@@ -80,6 +80,7 @@ impl Ticker {
                     "t": t0.elapsed().as_secs_f64(),
                     "consumed_wcu": wcu,
                     "write_rate": self.control.write.rate().await,
+                    "key_rates": self.writer.key_rates.summary(),
                     "scanned": items,
                     "written": live.written,
                     "paused": live.paused,

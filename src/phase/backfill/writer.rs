@@ -1,8 +1,18 @@
 //! The write side of a backfill: batches of 25 under the table budget,
 //! interleaved across target keys and paced per key, so one hot old key never
-//! makes a hot new one.
+//! makes a hot new one. A key DynamoDB throttles gets an adaptive rate of its
+//! own ([`KeyRates`]), below `--key-write-rate`, and its throttles leave the
+//! table's rate alone.
 
 use super::*;
+use crate::aws::rate::keys::KeyRates;
+use crate::aws::write::{Blame, Pace, blame_of, write_batch_paced};
+
+/// Limited keys held at most (each a few hundred bytes).
+const MAX_LIMITED_KEYS: usize = 10_000;
+/// A request waits at most this long for a limited key's next write to
+/// join it; then what is ready goes, and the rest follows in another.
+const GATHER: Duration = Duration::from_millis(50);
 
 /// Per written item: its index in the page, and why it was refused, if it was.
 pub(super) type Refusals = Vec<(usize, Option<String>)>;
@@ -15,6 +25,8 @@ pub(super) struct Writer {
     pub(super) control: Arc<Control>,
     pub(super) per_key: DefaultKeyedRateLimiter<String>,
     pub(super) key_burst: u32,
+    /// Adaptive rates of the keys DynamoDB throttled.
+    pub(super) key_rates: KeyRates,
     pub(super) concurrency: usize,
     pub(super) max_retries: u32,
     pub(super) consumed_wcu: Mutex<f64>,
@@ -39,6 +51,11 @@ impl Writer {
             control,
             per_key: RateLimiter::keyed(Quota::per_second(key_rate).allow_burst(key_burst)),
             key_burst: key_burst.get(),
+            key_rates: KeyRates::new(
+                f64::from(key_rate.get()),
+                f64::from(key_burst.get()) / f64::from(key_rate.get()),
+                MAX_LIMITED_KEYS,
+            ),
             concurrency: opts.concurrency.max(1),
             max_retries: opts.max_retries,
             consumed_wcu: Mutex::new(0.0),
@@ -82,20 +99,31 @@ impl Writer {
         }
         let results: Vec<anyhow::Result<Refusals>> = stream::iter(batches)
             .map(|batch| async move {
-                for (pk, _, it) in &batch {
-                    let wcu = write_units(item_size(it)) as u32;
+                let mut pks = Vec::with_capacity(batch.len());
+                let mut units = Vec::with_capacity(batch.len());
+                let mut idx = Vec::with_capacity(batch.len());
+                let mut its = Vec::with_capacity(batch.len());
+                for (pk, i, it) in batch {
+                    let wcu = write_units(item_size(&it)) as u32;
                     let cells =
                         NonZeroU32::new(wcu.clamp(1, self.key_burst)).unwrap_or(NonZeroU32::MIN);
-                    let _ = self.per_key.until_key_n_ready(pk, cells).await;
+                    let _ = self.per_key.until_key_n_ready(&pk, cells).await;
+                    pks.push(pk);
+                    units.push(f64::from(wcu.max(1)));
+                    idx.push(i);
+                    its.push(it);
                 }
-                let (idx, its): (Vec<usize>, Vec<Item>) =
-                    batch.into_iter().map(|(_, i, it)| (i, it)).unzip();
-                let r = write_batch(
+                let pace = BatchPace {
+                    rates: &self.key_rates,
+                    keys: pks.iter().map(String::as_str).zip(units).collect(),
+                };
+                let r = write_batch_paced(
                     &self.clients,
                     &self.table,
                     &its,
                     &self.control,
                     self.max_retries,
+                    &pace,
                 )
                 .await?;
                 *self.consumed_wcu.lock().await += r.consumed;
@@ -111,5 +139,53 @@ impl Writer {
             }
         }
         Ok(out)
+    }
+}
+
+/// One batch's items as the per-key rates see them: partition key and WCU.
+struct BatchPace<'a> {
+    rates: &'a KeyRates,
+    keys: Vec<(&'a str, f64)>,
+}
+
+impl Pace for BatchPace<'_> {
+    async fn ready(&self, pending: &[usize]) -> Vec<usize> {
+        let start = tokio::time::Instant::now();
+        let mut go = Vec::with_capacity(pending.len());
+        let mut rest = pending.to_vec();
+        loop {
+            let now = tokio::time::Instant::now();
+            let mut wait = Duration::MAX;
+            rest.retain(
+                |&i| match self.rates.take(self.keys[i].0, self.keys[i].1, now) {
+                    Ok(()) => {
+                        go.push(i);
+                        false
+                    }
+                    Err(w) => {
+                        wait = wait.min(w);
+                        true
+                    }
+                },
+            );
+            // Everything, or what is ready once waiting longer would hold it back.
+            let late = now.checked_add(wait).is_none_or(|t| t > start + GATHER);
+            if rest.is_empty() || (!go.is_empty() && late) {
+                go.sort_unstable();
+                return go;
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn answered(&self, written: &[usize], throttled: &[usize], reasons: &[String]) -> Blame {
+        let written: Vec<(&str, f64)> = written.iter().map(|&i| self.keys[i]).collect();
+        let throttled: Vec<&str> = throttled.iter().map(|&i| self.keys[i].0).collect();
+        self.rates.answered(
+            &written,
+            &throttled,
+            blame_of(reasons),
+            tokio::time::Instant::now(),
+        )
     }
 }

@@ -60,6 +60,9 @@ struct Args {
     /// Token bucket capacity in seconds of the rate.
     #[arg(long, default_value_t = 1.0)]
     burst_seconds: f64,
+    /// Answer this share of DynamoDB requests with HTTP 500 InternalServerError.
+    #[arg(long, value_name = "RATIO", default_value_t = 0.0)]
+    error_500_ratio: f64,
     /// Worker threads (1: a single-threaded runtime).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -89,6 +92,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     opts.corrupt_every = args.corrupt_every;
     opts.shards = args.shards;
     opts.stream_records = args.stream_records;
+    opts.error_500_ratio = args.error_500_ratio;
     let limited = args.key_write_units.is_some()
         || args.key_read_units.is_some()
         || args.table_write_units.is_some()

@@ -94,6 +94,7 @@ impl Shared {
         s.read_units += t.read_units;
         s.throttled_requests += u64::from(t.throttled_request);
         s.throttled_items += t.throttled_items;
+        s.errors_500 += u64::from(t.error_500);
         while s.windows.len() as u64 <= second {
             let n = s.windows.len() as u64;
             s.windows.push(Window {
