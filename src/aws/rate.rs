@@ -285,7 +285,13 @@ impl Control {
     }
 
     pub fn set_paused(&self, paused: bool) {
-        self.paused.send_replace(paused);
+        if self.paused.send_replace(paused) != paused {
+            tracing::info!(
+                paused,
+                "reads and writes {}",
+                if paused { "paused" } else { "resumed" }
+            );
+        }
     }
 
     pub fn is_paused(&self) -> bool {
@@ -317,6 +323,7 @@ impl Control {
                 s.stats.read_throttles += 1;
             }
             if let AwsError::Throttled { reasons, code, .. } = e {
+                tracing::info!(write, code = %code, reasons = ?reasons, attempt, "throttled: rate cut, backing off");
                 if reasons.is_empty() {
                     *s.stats.reasons.entry(code.clone()).or_default() += 1;
                 }

@@ -170,6 +170,7 @@ pub async fn write_requests(
                 e if e.is_transient() && failures < max_retries => {
                     control.write.spend(-estimate).await;
                     failures += 1;
+                    tracing::info!(action = "BatchWriteItem", table, failures, error = %e, "retrying");
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
                 e => return Err(e),
@@ -237,6 +238,7 @@ async fn isolate(
                 }
                 Err(e) if e.is_transient() && failures < max_retries => {
                     failures += 1;
+                    tracing::info!(action = "BatchWriteItem", table, failures, error = %e, "retrying one write");
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
                 Err(e) => return Err(e),
