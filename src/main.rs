@@ -51,6 +51,7 @@ fn main() {
         Ok(config) => config,
         Err(err) => fail(&err, exit::BAD_INPUT),
     };
+    rekey::ops::log::install(config.common.verbose);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => fail(

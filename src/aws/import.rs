@@ -322,6 +322,7 @@ pub async fn put_object(
         match sent.map_err(|e| s3_error(clients, "PutObject", bucket, key, e)) {
             Ok(_) => return Ok(()),
             Err(e) if (e.is_transient() || e.is_throttle()) && attempt < max_retries => {
+                tracing::info!(action = "PutObject", bucket, key, attempt, error = %e, "retrying");
                 tokio::time::sleep(backoff(attempt, jitter())).await;
                 attempt += 1;
             }

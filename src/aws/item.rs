@@ -195,6 +195,7 @@ pub async fn batch_get(
                     }
                     e if e.is_transient() && failures < max_retries => {
                         failures += 1;
+                        tracing::info!(action = "BatchGetItem", table, failures, error = %e, "retrying");
                         tokio::time::sleep(backoff(failures, jitter())).await;
                     }
                     e => return Err(e),

@@ -176,6 +176,9 @@ impl Clients {
             )
         })?;
         let endpoints = endpoint::resolve(opts, &region, |var| std::env::var(var).ok());
+        for e in [&endpoints.dynamodb, &endpoints.streams, &endpoints.s3] {
+            tracing::info!(service = %e.service, url = %e.url, "{} endpoint: {e}", e.service);
+        }
         // Set per client, not on the shared config: each service has its own.
         let mut ddb = aws_sdk_dynamodb::config::Builder::from(&config);
         ddb.set_endpoint_url(endpoints.dynamodb.explicit().map(str::to_string));

@@ -424,7 +424,13 @@ impl Control {
     }
 
     pub fn set_paused(&self, paused: bool) {
-        self.paused.send_replace(paused);
+        if self.paused.send_replace(paused) != paused {
+            tracing::info!(
+                paused,
+                "reads and writes {}",
+                if paused { "paused" } else { "resumed" }
+            );
+        }
     }
 
     pub fn is_paused(&self) -> bool {
@@ -459,6 +465,7 @@ impl Control {
                 }
             }
             if let AwsError::Throttled { reasons, code, .. } = e {
+                tracing::info!(on = ?slow, code = %code, reasons = ?reasons, attempt, "throttled: backing off");
                 if reasons.is_empty() {
                     *s.stats.reasons.entry(code.clone()).or_default() += 1;
                 }

@@ -121,6 +121,7 @@ where
                     }
                     Err(e) if e.is_transient() && failures < MAX_TRANSIENT_FAILURES => {
                         failures += 1;
+                        tracing::info!(action = "Scan", table = %opts.table, failures, error = %e, "retrying");
                         tokio::time::sleep(backoff(failures, jitter())).await;
                         continue;
                     }

@@ -299,6 +299,7 @@ pub async fn get_records(
                 let err = clients.streams_error("GetRecords", stream, e);
                 if (err.is_throttle() || err.is_transient()) && failures < MAX_RETRIES {
                     failures += 1;
+                    tracing::info!(action = "GetRecords", stream, failures, error = %err, "retrying");
                     tokio::time::sleep(backoff(failures, jitter())).await;
                     continue;
                 }

@@ -213,6 +213,7 @@ async fn write_requests_paced(
             }
             (_, Attempt::Failed(e)) if e.is_transient() && failures < max_retries => {
                 failures += 1;
+                tracing::info!(action = "BatchWriteItem", table, failures, error = %e, "retrying");
                 tokio::time::sleep(backoff(failures, jitter())).await;
                 continue;
             }
@@ -419,6 +420,7 @@ impl Alone<'_> {
                 }
                 Err(e) if e.is_transient() && failures < self.max_retries => {
                     failures += 1;
+                    tracing::info!(action = "BatchWriteItem", table, failures, error = %e, "retrying one write");
                     tokio::time::sleep(backoff(failures, jitter())).await;
                 }
                 Err(e) => return Err(e),

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::aws::AwsError;
 use crate::aws::export::ExportError;
@@ -64,6 +64,10 @@ pub struct Cli {
     /// No progress output on stderr.
     #[arg(long, short, global = true)]
     pub quiet: bool,
+    /// Log what rekey does on stderr: -v its own events (endpoints, retries, throttles,
+    /// checkpoints, pauses), -vv also debug events and each AWS request. RUST_LOG overrides.
+    #[arg(long, short, global = true, action = ArgAction::Count)]
+    pub verbose: u8,
     /// Show key values in terminal and --json output (default: a stable hash, ‹3f9a1c2e›).
     /// Files in the state directory always hold the real values.
     #[arg(long, global = true)]
@@ -120,6 +124,18 @@ pub enum Command {
     Demo(DemoArgs),
     /// Print the least-privilege IAM policy (JSON) the plan's commands need.
     IamPolicy(IamPolicyArgs),
+    /// Print the shell completion script for SHELL
+    /// (e.g. `rekey completions bash > /etc/bash_completion.d/rekey`).
+    Completions(CompletionsArgs),
+    /// Print the man page, roff (e.g. `rekey man > /usr/local/share/man/man1/rekey.1`).
+    Man,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell the script is for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// `iam-policy --command`.

@@ -1,8 +1,8 @@
 //! The operator surface: arguments ([`cli`]), the one conversion from
 //! arguments to the phases' options ([`config`]), one small function per
 //! command ([`commands`]), stdout ([`out`]: every byte printed there), progress
-//! on the terminal, redaction of key values, rendering, the IAM policy and the
-//! demo.
+//! on the terminal, the log subscriber ([`log`]: `-v`, `RUST_LOG`), redaction
+//! of key values, rendering, the IAM policy and the demo.
 //!
 //! Architecture invariant: only `ops` prints to stdout or redacts
 //! (tests/architecture.rs).
@@ -12,6 +12,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod iam;
+pub mod log;
 pub mod out;
 pub mod progress;
 pub mod redact;

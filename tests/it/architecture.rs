@@ -450,6 +450,19 @@ fn architecture_invariant_only_ops_prints_to_stdout_or_redacts() {
     );
 }
 
+/// `-v`/`RUST_LOG`: the other layers emit tracing events, and only `ops`
+/// decides where they go (`ops::log` installs the one subscriber, on stderr).
+/// `main.rs` calls it rather than naming the subscriber itself.
+#[test]
+fn architecture_invariant_only_ops_installs_the_log_subscriber() {
+    let bad = uses_outside(&["ops"], &["tracing_subscriber"]);
+    assert!(
+        bad.is_empty(),
+        "log subscriber outside ops/:\n{}",
+        bad.join("\n")
+    );
+}
+
 /// A cycle in the unit graph, as `a → b → … → a` with where each edge is written.
 fn find_cycle(edges: &BTreeMap<(String, String), String>) -> Option<Vec<String>> {
     let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();

@@ -381,3 +381,184 @@ fn the_errors_people_meet_exit_with_their_code_and_say_why() {
         .stderr("`rekey run` drives a re-key into a new table"),
     ]);
 }
+
+/// Every subcommand's name, from the argument definition itself (so a new
+/// one missing from a script fails the test).
+fn subcommands() -> Vec<String> {
+    use clap::CommandFactory as _;
+    let names: Vec<String> = rekey::ops::cli::Cli::command()
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(|c| c.get_name().to_string())
+        .collect();
+    assert!(names.len() >= 16, "{names:?}");
+    names
+}
+
+#[test]
+fn completions_name_every_subcommand_in_every_shell() {
+    let names = subcommands();
+    for shell in ["bash", "zsh", "fish", "powershell"] {
+        let out = rekey_with_env(&["completions", shell], &[]);
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = stdout(&out);
+        assert!(!script.trim().is_empty(), "{shell}: empty script");
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !script.contains(n.as_str()))
+            .collect();
+        assert!(missing.is_empty(), "{shell} lacks {missing:?}");
+        assert!(stderr(&out).is_empty(), "{shell}: {}", stderr(&out));
+    }
+    // Through a closed pipe: not an error.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rekey"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+
+    check(&[
+        Case::new("an unknown shell is bad input", &["completions", "tcsh"], 2)
+            .stderr("invalid value 'tcsh'")
+            .stderr("possible values: bash"),
+    ]);
+}
+
+#[test]
+fn the_man_page_is_roff_naming_every_subcommand() {
+    let out = rekey_with_env(&["man"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = stdout(&out);
+    let th = page.lines().find(|l| l.starts_with(".TH ")).expect(".TH");
+    assert!(th.starts_with(".TH rekey 1"), "{th}");
+    for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS"] {
+        assert!(page.lines().any(|l| l == section), "no {section}:\n{page}");
+    }
+    // roff: requests are `.` + name; no stray control characters; roff
+    // escapes the hyphens of flags (`\-\-verbose`).
+    for (n, line) in page.lines().enumerate() {
+        assert!(
+            !line.chars().any(|c| c.is_control() && c != '\t'),
+            "line {}: control character: {line:?}",
+            n + 1
+        );
+        if let Some(req) = line.strip_prefix('.') {
+            assert!(
+                req.starts_with(|c: char| c.is_ascii_alphabetic()),
+                "line {}: not a request: {line:?}",
+                n + 1
+            );
+        }
+    }
+    assert!(page.contains(r"\fB\-\-verbose\fR"), "{page}");
+    // Each command has its section, with its synopsis and options.
+    let missing: Vec<String> = subcommands()
+        .into_iter()
+        .filter(|n| {
+            let heading = format!(".SH \"REKEY {}\"", n.to_uppercase().replace('-', "\\-"));
+            let synopsis = format!("\\fBrekey {}\\fR", n.replace('-', "\\-"));
+            !page.contains(&heading) || !page.contains(&synopsis)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the man page lacks {missing:?}:\n{page}"
+    );
+    // groff, where installed, reads it without a warning (-k: UTF-8 input, as man does).
+    let groff = std::process::Command::new("groff")
+        .args(["-k", "-man", "-ww", "-z"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    if let Ok(mut groff) = groff {
+        use std::io::Write as _;
+        groff
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(page.as_bytes())
+            .unwrap();
+        let out = groff.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "groff: {}",
+            stderr(&out)
+        );
+    }
+}
+
+/// `-v` logs, on stderr, the endpoint and where it came from and each
+/// checkpoint committed (its name and counts, never key values); without it
+/// stderr has none of that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_logs_endpoints_and_checkpoints_on_stderr_and_only_then() {
+    use crate::support::plan::tenant_days;
+    use crate::support::workload::skewed_order;
+    let env = TestEnv::start().await;
+    let (source, target) = (env.table_name("src"), env.table_name("dst"));
+    env.create_table(&source, &pk_sk()).await;
+    env.create_table(&target, &pk_sk()).await;
+    let items: Vec<_> = (0..40).map(skewed_order).collect();
+    env.put(&source, &items).await;
+    let (plan, _) = tenant_days(&source, &target, "T#{t}#ST#{@status}")
+        .source_key_prefix("src_")
+        .write(&env);
+    let run = |state: &str, extra: &[&str]| {
+        let state = env.dir.path().join(state);
+        let mut args = vec![
+            "backfill",
+            plan.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--segments",
+            "2",
+            "--page-size",
+            "10",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = env.rekey_with(&args, &[("RUST_LOG", "")]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        (stdout(&out), stderr(&out))
+    };
+
+    let (quiet_out, quiet_err) = run("state-quiet", &[]);
+    for absent in ["endpoint", "checkpoint", "INFO", "DEBUG"] {
+        assert!(!quiet_err.contains(absent), "without -v: {quiet_err}");
+    }
+
+    let (out, err) = run("state-v", &["-v"]);
+    let endpoint = env.endpoint();
+    assert!(
+        err.contains(&format!("DynamoDB endpoint: {endpoint} (from ")),
+        "{err}"
+    );
+    assert!(err.contains("checkpoint committed"), "{err}");
+    assert!(err.contains("checkpoint=\"backfill/seg/0000"), "{err}");
+    assert!(!err.contains("DEBUG"), "-v is info: {err}");
+    // The log is on stderr only: stdout is the same JSON events either way.
+    for o in [&out, &quiet_out] {
+        assert!(o.lines().all(|l| l.starts_with('{')), "{o}");
+        assert!(
+            o.lines().last().unwrap().contains(r#""event":"done""#),
+            "{o}"
+        );
+    }
+    // No key value reaches the log.
+    for item in &items {
+        if let Some(rekey::core::value::Value::S(pk)) = item.get("PK") {
+            assert!(!err.contains(pk.as_str()), "key value {pk} in: {err}");
+        }
+    }
+
+    let (_, err) = run("state-vv", &["-vv"]);
+    assert!(err.contains("DEBUG"), "-vv is debug: {err}");
+    // Each request: its operation and its table.
+    assert!(
+        err.contains(r#"rpc.method="Scan""#),
+        "-vv names each request: {err}"
+    );
+    assert!(err.contains(&source), "-vv names the table: {err}");
+}

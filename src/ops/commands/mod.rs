@@ -3,7 +3,8 @@
 //! [`out`](crate::ops::out), and return the exit code. Every argument was
 //! checked and every default applied by [`Config`] before any of this runs.
 //!
-//! * `offline` — `check`, `status`, `control`, `iam-policy`: no AWS.
+//! * `offline` — `check`, `status`, `control`, `iam-policy`, `completions`,
+//!   `man`: no AWS.
 //! * `analyze` — `analyze`.
 //! * `copy` — `backfill` (and `undo`), `tail`.
 //! * `verify` — `verify`, in a new table or in place.
@@ -36,6 +37,8 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Status(cmd) => offline::status(c, cmd),
         Command::Control(cmd) => offline::control(c, cmd).await,
         Command::IamPolicy(cmd) => offline::iam_policy(c, cmd),
+        Command::Completions(shell) => offline::completions(shell),
+        Command::Man => offline::man(),
         Command::Analyze(cmd) => analyze::analyze(c, cmd).await,
         Command::Backfill(cmd) => copy::backfill(c, cmd).await,
         Command::Tail(cmd) => copy::tail(c, cmd).await,

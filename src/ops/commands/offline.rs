@@ -1,7 +1,10 @@
-//! The commands that need no AWS: `check`, `status`, `control`, `iam-policy`.
+//! The commands that need no AWS: `check`, `status`, `control`, `iam-policy`,
+//! `completions`, `man`.
 
 use super::print;
-use crate::ops::cli::exit;
+use clap::CommandFactory as _;
+
+use crate::ops::cli::{Cli, exit};
 use crate::ops::config::{CheckOptions, Common, ControlChange, Planned};
 use crate::ops::iam::{self, PolicyOptions};
 use crate::ops::out;
@@ -98,4 +101,53 @@ pub(super) fn iam_policy(c: &Common, cmd: Planned<PolicyOptions>) -> anyhow::Res
     }
     out::json(&iam::document(&plan, &options))?;
     Ok(exit::OK)
+}
+
+/// `rekey completions SHELL`: the shell's completion script, generated from
+/// the argument definition (`ops::cli`).
+pub(super) fn completions(shell: clap_complete::Shell) -> anyhow::Result<i32> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "rekey", &mut script);
+    out::text(&String::from_utf8(script)?)?;
+    Ok(exit::OK)
+}
+
+/// `rekey man`: the man page (roff), generated from the argument definition:
+/// one page, the global options and then each command's synopsis,
+/// description and options as a section of its own (`.SH "REKEY BACKFILL"`),
+/// so `man rekey` holds everything `--help` does.
+pub(super) fn man() -> anyhow::Result<i32> {
+    out::text(&man_page()?)?;
+    Ok(exit::OK)
+}
+
+fn man_page() -> anyhow::Result<String> {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    let mut page = String::from_utf8(page)?;
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let man = clap_mangen::Man::new(sub.clone());
+        let mut part = Vec::new();
+        man.render_synopsis_section(&mut part)?;
+        man.render_description_section(&mut part)?;
+        man.render_options_section(&mut part)?;
+        page.push_str(&format!(
+            ".SH \"REKEY {}\"\n",
+            sub.get_name().to_uppercase().replace('-', "\\-")
+        ));
+        // Each part repeats roff's preamble (the `Aq` string): once is enough;
+        // its sections become subsections of the command's.
+        for line in String::from_utf8(part)?.lines() {
+            if line.starts_with(".ie \\n(.g .ds Aq") || line.starts_with(".el .ds Aq") {
+                continue;
+            }
+            match line.strip_prefix(".SH ") {
+                Some(heading) => page.push_str(&format!(".SS {heading}\n")),
+                None => page.push_str(&format!("{line}\n")),
+            }
+        }
+    }
+    Ok(page)
 }

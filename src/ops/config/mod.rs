@@ -53,6 +53,8 @@ pub struct Common {
     /// The run's stop token, in every long-running command's options:
     /// `main` cancels it on Ctrl-C or SIGTERM.
     pub stop: CancellationToken,
+    /// How many `-v`: what `ops::log` shows on stderr (`RUST_LOG` overrides).
+    pub verbose: u8,
 }
 
 /// How a command prints.
@@ -99,6 +101,10 @@ pub enum Command {
     Control(Planned<ControlChange>),
     Demo(DemoOptions),
     IamPolicy(Planned<PolicyOptions>),
+    /// `rekey completions SHELL`.
+    Completions(clap_complete::Shell),
+    /// `rekey man`.
+    Man,
 }
 
 /// `rekey check`.
@@ -167,6 +173,7 @@ impl Config {
         let Cli {
             aws,
             quiet,
+            verbose,
             show_keys,
             command,
         } = cli;
@@ -177,6 +184,7 @@ impl Config {
             command,
             common: Common {
                 stop,
+                verbose,
                 aws: aws_options(&aws),
                 output: Output {
                     quiet,
@@ -244,6 +252,8 @@ fn command_and_output(
         }
         // The policy is a JSON document, always.
         C::IamPolicy(a) => (iam_policy(&a, aws)?, no_progress(true)),
+        C::Completions(a) => (Command::Completions(a.shell), no_progress(false)),
+        C::Man => (Command::Man, no_progress(false)),
     })
 }
 

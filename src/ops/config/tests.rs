@@ -50,6 +50,8 @@ fn options(c: &Command) -> String {
         Command::Control(p) => format!("{:?}", p.options),
         Command::Demo(d) => format!("{d:?}"),
         Command::IamPolicy(p) => format!("{:?}", p.options),
+        Command::Completions(shell) => format!("{shell:?}"),
+        Command::Man => "Man".into(),
     }
 }
 
@@ -554,6 +556,9 @@ const OUTPUT_CASES: &[(&[&str], Format, bool, ProgressMode, bool)] = {
         (&["tail", PLAN, "--json", "-q"], Json, true, Quiet, false),
         (&["analyze", PLAN, "--quiet"], Text, true, Quiet, false),
         (&["check", PLAN, "--show-keys"], Text, false, Quiet, true),
+        // Scripts on stdout, nothing else.
+        (&["completions", "zsh"], Text, false, Quiet, false),
+        (&["man"], Text, false, Quiet, false),
     ]
 };
 
@@ -600,4 +605,17 @@ fn the_aws_options_are_the_global_flags() {
             ..Default::default()
         })
     );
+}
+
+#[test]
+fn verbose_counts_its_flags_before_or_after_the_command() {
+    let v = |args: &[&str]| convert(args).unwrap().common.verbose;
+    assert_eq!(v(&["status", PLAN]), 0);
+    assert_eq!(v(&["-v", "status", PLAN]), 1);
+    assert_eq!(v(&["status", PLAN, "-vv"]), 2);
+    assert_eq!(v(&["status", PLAN, "--verbose", "-v"]), 2);
+    assert!(matches!(
+        convert(&["completions", "fish"]).unwrap().command,
+        Command::Completions(clap_complete::Shell::Fish)
+    ));
 }

@@ -50,6 +50,16 @@ impl Ledger {
         entries.extend(extra.iter().cloned());
         self.store.put_batch(&entries)?;
         self.store.flush()?;
+        // The resume point itself holds key values: only its name and the counts.
+        tracing::info!(
+            checkpoint = key,
+            scanned = page.scanned,
+            written = page.written,
+            rejected = page.rejected,
+            skipped = page.skipped,
+            total_scanned = self.totals.scanned,
+            "checkpoint committed"
+        );
         Ok(())
     }
 }

@@ -460,6 +460,11 @@ impl<'a> Tail<'a> {
             ("tail/rejects_len", serde_json::to_value(len)?),
         ])?;
         self.store.flush()?;
+        if got_any {
+            tracing::info!(shard = %shard, finished = finished_now, buffered = self.report.buffered, "tail checkpoint committed");
+        } else {
+            tracing::debug!(shard = %shard, finished = finished_now, "tail checkpoint committed (empty read)");
+        }
         Ok(got_any)
     }
 }
