@@ -265,8 +265,16 @@ pub async fn run(
     let mut t = Tail::open(clients, plan, opts)?;
     let mut iterators: HashMap<String, String> = HashMap::new();
     let mut last_record = Instant::now();
+    // The write budget's adaptive rate moves along its curve once a second
+    // (as the backfill's status loop does): without it, a rate cut by a
+    // throttle would never climb back.
+    let mut ticked = Instant::now();
     progress.start("tail", None);
     loop {
+        if ticked.elapsed() >= Duration::from_secs(1) {
+            t.control.tick().await;
+            ticked = Instant::now();
+        }
         if opts.state_dir.is_finished() {
             // `rekey finish` drained the tail before it wrote this.
             break;
