@@ -241,6 +241,8 @@ pub struct Suggestion {
     pub table: String,
     pub target_table: String,
     pub sampled: u64,
+    /// The sample holds every item of the table (the Scan was not stopped at the cap).
+    pub whole_table: bool,
     pub write_rate: f64,
     pub read_rate: Option<f64>,
     pub headroom: f64,
@@ -334,6 +336,7 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
             .clone()
             .unwrap_or_else(|| format!("{table}_rekeyed")),
         sampled: sample.len(),
+        whole_table: !sample.is_full(),
         write_rate: opts.write_rate,
         read_rate: opts.read_rate,
         headroom: opts.headroom,
