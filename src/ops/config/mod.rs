@@ -17,18 +17,18 @@ use tokio_util::sync::CancellationToken;
 use crate::aws::AwsOptions;
 use crate::aws::export::ExportLocation;
 use crate::core::plan::Plan;
+use crate::core::suggest::{ShardRounding, SuggestOptions};
 use crate::ops::cli::{self, AwsArgs, Cli, InputError, PolicyCommandArg, ReportArgs, ScanArgs};
 use crate::ops::demo::{self, DemoOptions};
 use crate::ops::iam::{PolicyCommand, PolicyOptions};
 use crate::ops::progress::ProgressMode;
 use crate::ops::redact::Redactor;
-use crate::core::suggest::{ShardRounding, SuggestOptions};
 use crate::phase::analyze::{AnalyzeOptions, ScanSettings};
-use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::backfill::BackfillOptions;
 use crate::phase::barrier::DrainOptions;
 use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
+use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::tail::TailOptions;
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
@@ -395,7 +395,10 @@ fn analyze(a: &cli::AnalyzeArgs) -> anyhow::Result<Command> {
 fn suggest(a: &cli::SuggestArgs) -> anyhow::Result<Command> {
     let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
     if !rate_ok(a.app_write_rate) || !a.app_read_rate.is_none_or(rate_ok) {
-        return Err(InputError("--app-write-rate, --app-read-rate: give items per second, 0 or more".into()).into());
+        return Err(InputError(
+            "--app-write-rate, --app-read-rate: give items per second, 0 or more".into(),
+        )
+        .into());
     }
     if a.sample == 0 {
         return Err(InputError("--sample: give 1 item or more".into()).into());

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::aws::{Clients, TableInfo};
 use crate::aws::rate::Control;
 use crate::aws::scan::{self, Page, ScanOptions};
+use crate::aws::{Clients, TableInfo};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, decode_key, encode_key, item_size, write_units};
