@@ -104,7 +104,7 @@ fn check_and_analyze(env: &TestEnv, plan: &Path, rate: &str) {
     );
     let out = env.rekey(&["analyze", p, "--json", "--app-write-rate", rate]);
     assert!(out.status.success(), "analyze: {}", stderr(&out));
-    let a = report(&out);
+    let a: Json = serde_json::from_str(&stdout(&out)).expect("analyze --json prints JSON");
     assert_eq!(a["old"]["load"][1]["scenario"], "application");
     assert!(
         a["old"]["load"][1]["keys_over_limit"].as_u64().unwrap() > 0,

@@ -497,7 +497,7 @@ const ERROR_CASES: &[(&[&str], &str)] = &[
         "give a share from 0 up to",
     ),
     (
-        &["suggest", "t", "--app-write-rate", "-1"],
+        &["suggest", "t", "--app-write-rate", "inf"],
         "--app-write-rate, --app-read-rate: give items per second",
     ),
     (
