@@ -60,7 +60,7 @@ pub async fn run(
 }
 
 fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
+    crate::core::suggest::render::pct(x)
 }
 
 fn shape(w: &mut String, s: &Suggestion, r: &ShapeReport) {

@@ -216,6 +216,17 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
         "{text}"
     );
     assert!(!text.contains("pathological"), "no raw key value: {text}");
+
+    // A sample: the Scan stops once it holds 500 items, and says it read a sample.
+    let (r, _) = suggest(
+        &env,
+        &table,
+        "20000",
+        &["--sample", "500", "--page-size", "25", "--segments", "2"],
+    );
+    assert_eq!(r["sampled"], 500, "{r:#}");
+    assert_eq!(r["whole_table"], false);
+    assert_eq!(r["shapes"][0]["pk"], "TENANT#{tenant}#DAY#{day}");
 }
 
 fn kv(pk: &str, sk: &str) -> Item {

@@ -64,8 +64,13 @@ pub fn rule_order(shapes: &[ShapeReport]) -> Vec<&ShapeReport> {
     v
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1} %", x * 100.0)
+/// A share as a percentage: one decimal, two below 1 %.
+pub fn pct(x: f64) -> String {
+    if x > 0.0 && x < 0.01 {
+        format!("{:.2} %", x * 100.0)
+    } else {
+        format!("{:.1} %", x * 100.0)
+    }
 }
 
 fn shape_text(r: &ShapeReport) -> String {

@@ -34,7 +34,7 @@ pub fn budget(limit: f64, headroom: f64) -> f64 {
 /// load already fits, `None` past [`MAX_SHARDS`] or for a budget that is not
 /// positive.
 pub fn shard_count(load: f64, budget: f64, rounding: ShardRounding) -> Option<u32> {
-    if !(budget > 0.0) || !load.is_finite() {
+    if budget.is_nan() || budget <= 0.0 || !load.is_finite() {
         return None;
     }
     if load <= budget {
