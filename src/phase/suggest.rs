@@ -45,18 +45,23 @@ pub async fn run(
         settings: &run.scan,
         label: "suggest",
     };
+    let mut stopped = false;
     read_table(clients, &read, progress, |page| {
         for item in &page.items {
             sample.add(item, &info.key);
         }
-        Ok(if sample.is_full() {
+        stopped = sample.is_full();
+        Ok(if stopped {
             ControlFlow::Break(())
         } else {
             ControlFlow::Continue(())
         })
     })
     .await?;
-    Ok(suggest(&info.name, &info.key, &sample, &run.options))
+    let mut s = suggest(&info.name, &info.key, &sample, &run.options);
+    // A table of exactly `sample` items reads as a sample: the Scan stopped before it could tell.
+    s.whole_table = !stopped;
+    Ok(s)
 }
 
 fn pct(x: f64) -> String {
