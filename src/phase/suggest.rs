@@ -144,6 +144,19 @@ pub fn render(s: &Suggestion) -> String {
         s.write_budget,
         s.read_budget
     );
+    if !s.hot_keys.is_empty() {
+        let _ = writeln!(w, "\nhottest keys:");
+    }
+    for k in &s.hot_keys {
+        let _ = writeln!(
+            w,
+            "  {:<40} {:>8} items  {:>7} of the writes  {:>8.0} WCU/s",
+            k.key,
+            k.items,
+            pct(k.write_share),
+            k.write_load
+        );
+    }
     for r in &s.shapes {
         shape(&mut w, s, r);
     }

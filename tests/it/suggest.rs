@@ -186,6 +186,10 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
         hot.starts_with("TENANT#‹") && hot.contains("#DAY#‹"),
         "{hot}"
     );
+    // The table's hottest keys, hottest first: the same key, under its shape.
+    assert_eq!(r["hot_keys"][0]["key"], hot);
+    assert_eq!(r["hot_keys"][0]["shape"], order["pk"]);
+    assert_eq!(r["hot_keys"].as_array().unwrap().len(), 5);
     let profile = &r["shapes"][1];
     assert_eq!(
         (profile["pk"].as_str(), profile["sk"].as_str()),

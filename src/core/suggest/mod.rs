@@ -36,6 +36,8 @@ pub use shard::ShardRounding;
 
 /// More shapes than this (or about one per item) is not a key design.
 pub const MAX_SHAPES: usize = 64;
+/// The hottest partition-key values listed, whatever their shape.
+pub const HOT_KEYS: usize = 5;
 
 /// One sampled item's key: its values and the write units a put of it costs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +238,20 @@ pub struct ShapeReport {
     pub notes: Vec<String>,
 }
 
+/// One of the table's hottest partition-key values.
+#[derive(Debug, Clone, Serialize)]
+pub struct HotKey {
+    /// The real value (the command layer redacts it).
+    pub key: String,
+    /// Its shape, as in [`ShapeReport::pk`].
+    pub shape: String,
+    pub items: u64,
+    /// Its share of the writes: its write units per sampled item.
+    pub write_share: f64,
+    /// WCU/s on it at the write rate.
+    pub write_load: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Suggestion {
     pub table: String,
@@ -252,6 +268,8 @@ pub struct Suggestion {
     pub rounding: ShardRounding,
     pub verdict: Verdict,
     pub shapes: Vec<ShapeReport>,
+    /// The hottest keys, most write units first.
+    pub hot_keys: Vec<HotKey>,
     /// The plan's TOML when the verdict is [`Verdict::Plan`].
     pub plan: Option<String>,
 }
@@ -345,6 +363,7 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
         rounding: opts.rounding,
         verdict: Verdict::Empty,
         shapes: Vec::new(),
+        hot_keys: Vec::new(),
         plan: None,
     };
     if let Some(a) = key.attrs().find(|a| a.ty != ScalarType::S) {
@@ -385,6 +404,14 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
         .map(|a| report(a, items, &totals, delims, &s, &mut names))
         .collect();
     protect_unruled(&mut s.shapes, &accs);
+    s.hot_keys = hot_keys(&totals, items, opts.write_rate, |k| {
+        let pk = pk_layout.shape(k);
+        accs.iter()
+            .zip(&s.shapes)
+            .find(|(a, _)| a.pk == pk)
+            .map(|(_, r)| r.pk.clone())
+            .unwrap_or_default()
+    });
     let hot = s.shapes.iter().any(|r| r.needed > 1.0);
     s.verdict = if s
         .shapes
@@ -399,6 +426,31 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
         Verdict::NoRuleNeeded
     };
     s
+}
+
+/// The [`HOT_KEYS`] partition-key values with the most write units (ties:
+/// the smaller value first, so the list does not depend on the Scan's order).
+fn hot_keys(
+    totals: &HashMap<&str, (u64, u64)>,
+    items: u64,
+    write_rate: f64,
+    shape_of: impl Fn(&str) -> String,
+) -> Vec<HotKey> {
+    let mut v: Vec<(&str, (u64, u64))> = totals.iter().map(|(k, t)| (*k, *t)).collect();
+    v.sort_by(|a, b| b.1.1.cmp(&a.1.1).then_with(|| a.0.cmp(b.0)));
+    v.into_iter()
+        .take(HOT_KEYS)
+        .map(|(k, (n, wcu))| {
+            let share = wcu as f64 / items as f64;
+            HotKey {
+                key: k.to_string(),
+                shape: shape_of(k),
+                items: n,
+                write_share: share,
+                write_load: write_rate * share,
+            }
+        })
+        .collect()
 }
 
 /// A shape's text with capture names; records each capture's stats by name.

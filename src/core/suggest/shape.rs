@@ -5,8 +5,10 @@
 //! `/` found in the most values; ties in that order, so `EVENT#2026-07-07T10:00`
 //! splits on `#`). Values are grouped by their number of segments; in a group
 //! a position is **literal** when it holds few distinct values
-//! ([`LITERAL_MAX`]) and each is a word (letters and `_`: `TENANT`, `CASE`,
-//! `PROFILE`), otherwise it is **variable**. Distinct values are counted up to
+//! ([`LITERAL_MAX`]), each an upper-case word (`TENANT`, `CASE`, `PROFILE`,
+//! the single-table convention), or one lower-case word in every value;
+//! otherwise it is **variable**. So a handful of tenants (`acme`, `globex`)
+//! stay data, not plan text. Distinct values are counted up to
 //! a cap, so memory stays bounded whatever the sample.
 
 use std::collections::{BTreeSet, HashMap};
@@ -56,6 +58,10 @@ fn is_word(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_ascii_alphabetic() || c == '_')
 }
 
+fn is_upper_word(s: &str) -> bool {
+    is_word(s) && !s.chars().any(|c| c.is_ascii_lowercase())
+}
+
 /// Per number of segments, which positions are literal.
 #[derive(Debug, Clone, Default)]
 pub struct Layout {
@@ -68,6 +74,7 @@ struct Position {
     distinct: BTreeSet<String>,
     overflow: bool,
     words: bool,
+    upper: bool,
 }
 
 impl Layout {
@@ -83,6 +90,7 @@ impl Layout {
                     (0..segs.len())
                         .map(|_| Position {
                             words: true,
+                            upper: true,
                             ..Position::default()
                         })
                         .collect(),
@@ -91,6 +99,7 @@ impl Layout {
             *count += 1;
             for (p, s) in positions.iter_mut().zip(&segs) {
                 p.words &= is_word(s);
+                p.upper &= is_upper_word(s);
                 if !p.overflow && !p.distinct.contains(*s) {
                     if p.distinct.len() == LITERAL_MAX {
                         p.overflow = true;
@@ -106,9 +115,10 @@ impl Layout {
                 let lit = positions
                     .iter()
                     .map(|p| {
-                        p.words
-                            && !p.overflow
-                            && (p.distinct.len() == 1 || count >= 2 * p.distinct.len() as u64)
+                        let n = p.distinct.len() as u64;
+                        !p.overflow
+                            && ((p.upper && (n == 1 || count >= 2 * n))
+                                || (p.words && n == 1 && count >= 2))
                     })
                     .collect();
                 (n, lit)
@@ -309,6 +319,15 @@ mod tests {
             l.shape("CASE#c1#EVENT#2026-07-01"),
             vec![lit("CASE"), Seg::Var, lit("EVENT"), Seg::Var]
         );
+        // A few lower-case tenants are data; one lower-case word everywhere is a literal.
+        let vals = [
+            "tenant#acme",
+            "tenant#globex",
+            "tenant#acme",
+            "tenant#initech",
+        ];
+        let l = Layout::learn(vals.into_iter());
+        assert_eq!(l.shape("tenant#acme"), vec![lit("tenant"), Seg::Var]);
     }
 
     #[test]

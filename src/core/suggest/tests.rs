@@ -88,6 +88,15 @@ fn the_tenant_day_table_gets_a_sharded_rule_and_the_profiles_none() {
     assert_eq!(order.pk, "TENANT#{tenant}#DAY#{day}");
     assert_eq!(order.sk.as_deref(), Some("ORDER#{order}"));
     assert_eq!(order.hottest_key, "TENANT#t-00#DAY#2026-07-07");
+    assert_eq!(s.hot_keys.len(), HOT_KEYS);
+    assert_eq!(s.hot_keys[0].key, order.hottest_key);
+    assert_eq!(s.hot_keys[0].shape, order.pk);
+    assert_eq!(s.hot_keys[0].write_load, order.write_load);
+    assert!(
+        s.hot_keys
+            .windows(2)
+            .all(|w| w[0].write_load >= w[1].write_load)
+    );
     // The smallest power of two over load / budget.
     let Action::Shard { shards, capture } = &order.action else {
         panic!("{:?}", order.action)

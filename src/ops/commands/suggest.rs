@@ -59,8 +59,15 @@ fn write_plan(path: &Path, text: &str) -> anyhow::Result<()> {
 
 /// Hot keys keep their shape's literals; what was captured is hashed.
 fn redact(s: &mut Suggestion, redactor: Redactor) {
+    let shapes: Vec<Shape> = s
+        .shapes
+        .iter()
+        .filter_map(|r| Shape::parse(&r.pk).ok())
+        .collect();
     for r in &mut s.shapes {
-        let shapes: Vec<Shape> = Shape::parse(&r.pk).into_iter().collect();
         r.hottest_key = redactor.shaped(&r.hottest_key, &shapes);
+    }
+    for k in &mut s.hot_keys {
+        k.key = redactor.shaped(&k.key, &shapes);
     }
 }
