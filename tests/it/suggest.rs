@@ -375,6 +375,15 @@ fn answer(env: &TestEnv, table: &str, rate: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusual_tables_get_a_clear_answer_and_no_plan() {
     let env = TestEnv::start().await;
+    // No such table: the AWS error, exit 5.
+    let out = env.rekey(&["suggest", "no-such-table", "--app-write-rate", "1"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("table `no-such-table` does not exist"),
+        "{}",
+        stderr(&out)
+    );
+
     let empty = env.table_name("empty");
     env.create_table(&empty, &pk_sk()).await;
     let text = answer(&env, &empty, "1000");

@@ -299,7 +299,7 @@ fn add_vars(stats: &mut Vec<VarStats>, shape: &[Seg], value: &str, delimiter: Op
     }
 }
 
-/// The shapes of the sampled keys, most items first; `Err` for keys that have none.
+/// The shapes of the sampled keys, most items first (ties in shape order).
 fn shapes<'s>(
     sample: &'s Sample,
     pk_layout: &Layout,
