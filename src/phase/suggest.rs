@@ -121,6 +121,12 @@ fn shape(w: &mut String, s: &Suggestion, r: &ShapeReport) {
 }
 
 /// The text report (key values already redacted by the caller).
+///
+/// ```text
+/// shape TENANT#{tenant}#DAY#{day} / ORDER#{order}: 2000 items (95.2 %)
+///   hottest key TENANT#‹287c2c75›#DAY#‹4bae7bf3›: 32.5 % of the writes → 6495 WCU/s (budget 500)
+///   12.99 shards needed → 16 (the next power of two) by a hash of `order`
+/// ```
 pub fn render(s: &Suggestion) -> String {
     let mut w = String::new();
     let read = if s.whole_table {
@@ -161,6 +167,17 @@ pub fn render(s: &Suggestion) -> String {
         shape(&mut w, s, r);
     }
     let _ = writeln!(w, "\n{}", s.verdict.message());
+    let stuck = s
+        .shapes
+        .iter()
+        .filter(|r| r.action == Action::CannotShard)
+        .count();
+    if s.verdict == Verdict::Plan && stuck > 0 {
+        let _ = writeln!(
+            w,
+            "but {stuck} hot shape(s) stay hot: no rule can spread them (see their notes)"
+        );
+    }
     if s.verdict == Verdict::Plan {
         let _ = writeln!(w, "target table: `{}`", s.target_table);
     }

@@ -212,6 +212,24 @@ fn unusual_data_gets_a_clear_verdict_and_no_plan() {
     let s = suggest("t", &key, &sample_of(&one), &opts(100000.0));
     assert_eq!(s.verdict, Verdict::CannotFix);
     assert!(s.plan.is_none());
+    // Beside a shape that can be sharded, it is named in the plan as staying hot.
+    let mut both = one.clone();
+    both.extend((0..10).map(|i| item("K#k0", &format!("ITEM#i{i}"))));
+    let s = suggest("t", &key, &sample_of(&both), &opts(100000.0));
+    assert_eq!(s.verdict, Verdict::Plan);
+    let meta = s
+        .shapes
+        .iter()
+        .find(|r| r.sk.as_deref() == Some("META"))
+        .unwrap();
+    assert_eq!(meta.action, Action::CannotShard);
+    assert!(
+        s.plan
+            .as_deref()
+            .unwrap()
+            .contains("its sort key is constant")
+    );
+    plan_of(&s);
 }
 
 #[test]
