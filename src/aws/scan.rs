@@ -92,8 +92,10 @@ where
             let mut failures = 0;
             loop {
                 tokio::select! {
-                    () = control.wait_read() => {}
+                    // A stop wins over a read budget that is also ready: no page after it.
+                    biased;
                     () = opts.stop.cancelled() => return anyhow::Ok(()),
+                    () = control.wait_read() => {}
                 }
                 let out = clients
                     .dynamodb

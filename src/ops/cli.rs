@@ -96,6 +96,9 @@ pub enum Command {
     Check(CheckArgs),
     /// Dry run on the source table: unmatched items, collisions, old vs new key distribution.
     Analyze(AnalyzeArgs),
+    /// Infer a table's key shapes and hot keys from a sample, and suggest a plan that
+    /// shards what is hot at the given rates (`-o plan.toml` writes it).
+    Suggest(SuggestArgs),
     /// Copy every source item into the target in the new shape: rate-limited, checkpointed, resumable.
     Backfill(BackfillArgs),
     /// The whole lifecycle: analyze gate, tail, backfill, catch-up, verify, ready for cutover;
@@ -456,6 +459,59 @@ pub struct AnalyzeArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct SuggestArgs {
+    /// The table to sample.
+    pub table: String,
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    /// Items to read at most: the Scan stops once the sample is full.
+    #[arg(long, value_name = "ITEMS", default_value_t = 100_000)]
+    pub sample: usize,
+    /// The application's writes per second, spread as the items are.
+    #[arg(long, value_name = "ITEMS")]
+    pub app_write_rate: f64,
+    /// The application's reads per second (items), spread as the items are.
+    #[arg(long, value_name = "ITEMS")]
+    pub app_read_rate: Option<f64>,
+    /// Share of each partition's limits (1,000 WCU/s, 3,000 RCU/s) kept free: `50%` or `0.5`.
+    #[arg(long, value_name = "P%", default_value = "50%")]
+    pub headroom: Share,
+    /// Any shard count, not only powers of two.
+    #[arg(long)]
+    pub any_shard_count: bool,
+    /// The target table the plan names (default: <table>_rekeyed).
+    #[arg(long, value_name = "NAME")]
+    pub target_table: Option<String>,
+    /// Write the suggested plan (commented TOML) here.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A share from 0 to 1 (exclusive): `50%` or `0.5`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Share(pub f64);
+
+impl std::str::FromStr for Share {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let v = match t.strip_suffix('%') {
+            Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+            None => t.parse::<f64>(),
+        };
+        match v {
+            Ok(v) if (0.0..1.0).contains(&v) => Ok(Share(v)),
+            _ => Err(format!(
+                "`{t}`: give a share from 0 up to (not including) 100 %, as `50%` or `0.5`"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
 pub struct ScanArgs {
     /// Parallel Scan segments (default: from the table's size, at least 4).
     #[arg(long)]
@@ -524,6 +580,17 @@ mod tests {
         assert_eq!(size("1gb"), Ok(1 << 30));
         for bad in ["", "0", "12X", "-1M", "M"] {
             assert!(size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shares_take_percent_or_fraction() {
+        let share = |s: &str| s.parse::<Share>().map(|b| b.0);
+        assert_eq!(share("50%"), Ok(0.5));
+        assert_eq!(share("0.25"), Ok(0.25));
+        assert_eq!(share("0"), Ok(0.0));
+        for bad in ["", "100%", "1", "-5%", "x"] {
+            assert!(share(bad).is_err(), "{bad}");
         }
     }
 

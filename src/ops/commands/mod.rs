@@ -6,6 +6,7 @@
 //! * `offline` — `check`, `status`, `control`, `iam-policy`, `completions`,
 //!   `man`: no AWS.
 //! * `analyze` — `analyze`.
+//! * `suggest` — `suggest`.
 //! * `copy` — `backfill` (and `undo`), `tail`.
 //! * `verify` — `verify`, in a new table or in place.
 //! * `run` — `run`, the whole lifecycle.
@@ -17,6 +18,7 @@ mod copy;
 mod demo;
 mod offline;
 mod run;
+mod suggest;
 mod switch;
 mod verify;
 
@@ -40,6 +42,7 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Completions(shell) => offline::completions(shell),
         Command::Man => offline::man(),
         Command::Analyze(cmd) => analyze::analyze(c, cmd).await,
+        Command::Suggest(cmd) => suggest::suggest(c, cmd).await,
         Command::Backfill(cmd) => copy::backfill(c, cmd).await,
         Command::Tail(cmd) => copy::tail(c, cmd).await,
         Command::Verify(cmd) => verify::verify(c, cmd).await,

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::aws::AwsOptions;
 use crate::aws::export::ExportLocation;
 use crate::core::plan::Plan;
+use crate::core::suggest::{ShardRounding, SuggestOptions};
 use crate::ops::cli::{self, AwsArgs, Cli, InputError, PolicyCommandArg, ReportArgs, ScanArgs};
 use crate::ops::demo::{self, DemoOptions};
 use crate::ops::iam::{PolicyCommand, PolicyOptions};
@@ -27,6 +28,7 @@ use crate::phase::backfill::BackfillOptions;
 use crate::phase::barrier::DrainOptions;
 use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
+use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::tail::TailOptions;
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
@@ -89,6 +91,7 @@ pub struct Planned<O> {
 pub enum Command {
     Check(Planned<CheckOptions>),
     Analyze(Planned<AnalyzeRun>),
+    Suggest(SuggestCommand),
     /// `backfill`, and `undo` (`options.undo`).
     Backfill(Planned<BackfillOptions>),
     Tail(Planned<TailOptions>),
@@ -121,6 +124,14 @@ pub struct AnalyzeRun {
     pub options: AnalyzeOptions,
     /// Every rejected item goes to this file.
     pub rejects: Option<PathBuf>,
+}
+
+/// `rekey suggest`.
+#[derive(Debug, Clone)]
+pub struct SuggestCommand {
+    pub run: SuggestRun,
+    /// Where the plan goes (None: printed only).
+    pub output: Option<PathBuf>,
 }
 
 /// `rekey finish`.
@@ -236,6 +247,7 @@ fn command_and_output(
     Ok(match command {
         C::Check(a) => (check(&a)?, no_progress(a.json)),
         C::Analyze(a) => (analyze(&a)?, output(a.json, false)),
+        C::Suggest(a) => (suggest(&a)?, output(a.json, false)),
         C::Backfill(a) => (backfill(&a, false)?, output(a.json, true)),
         C::Undo(a) => (backfill(&a, true)?, output(a.json, true)),
         C::Tail(a) => (tail(&a)?, output(a.json, true)),
@@ -377,6 +389,39 @@ fn analyze(a: &cli::AnalyzeArgs) -> anyhow::Result<Command> {
             options: analyze_options(&a.report),
             rejects: a.rejects.clone(),
         },
+    }))
+}
+
+fn suggest(a: &cli::SuggestArgs) -> anyhow::Result<Command> {
+    let rate_ok = |r: f64| r.is_finite() && r >= 0.0;
+    if !rate_ok(a.app_write_rate) || !a.app_read_rate.is_none_or(rate_ok) {
+        return Err(InputError(
+            "--app-write-rate, --app-read-rate: give items per second, 0 or more".into(),
+        )
+        .into());
+    }
+    if a.sample == 0 {
+        return Err(InputError("--sample: give 1 item or more".into()).into());
+    }
+    Ok(Command::Suggest(SuggestCommand {
+        run: SuggestRun {
+            table: a.table.clone(),
+            scan: scan_settings(&a.scan),
+            sample: a.sample,
+            options: SuggestOptions {
+                write_rate: a.app_write_rate,
+                read_rate: a.app_read_rate,
+                headroom: a.headroom.0,
+                rounding: if a.any_shard_count {
+                    ShardRounding::Exact
+                } else {
+                    ShardRounding::PowerOfTwo
+                },
+                limits: suggest::LIMITS,
+                target_table: a.target_table.clone(),
+            },
+        },
+        output: a.output.clone(),
     }))
 }
 

@@ -49,6 +49,7 @@ fn options(c: &Command) -> String {
         Command::Status(p) => format!("{:?}", p.options),
         Command::Control(p) => format!("{:?}", p.options),
         Command::Demo(d) => format!("{d:?}"),
+        Command::Suggest(s) => format!("{s:?}"),
         Command::IamPolicy(p) => format!("{:?}", p.options),
         Command::Completions(shell) => format!("{shell:?}"),
         Command::Man => "Man".into(),
@@ -483,6 +484,26 @@ const ERROR_CASES: &[(&[&str], &str)] = &[
         "cannot be used with",
     ),
     (&["analyze"], "required arguments were not provided"),
+    (&["suggest", "t"], "--app-write-rate <ITEMS>"),
+    (
+        &[
+            "suggest",
+            "t",
+            "--app-write-rate",
+            "10",
+            "--headroom",
+            "100%",
+        ],
+        "give a share from 0 up to",
+    ),
+    (
+        &["suggest", "t", "--app-write-rate", "inf"],
+        "--app-write-rate, --app-read-rate: give items per second",
+    ),
+    (
+        &["suggest", "t", "--app-write-rate", "1", "--sample", "0"],
+        "--sample: give 1 item or more",
+    ),
     (
         &["backfill", PLAN, "--write-rate", "fast"],
         "invalid value 'fast' for '--write-rate",

@@ -12,15 +12,16 @@ pub mod render;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::aws::Clients;
 use crate::aws::rate::Control;
 use crate::aws::scan::{self, Page, ScanOptions};
+use crate::aws::{Clients, TableInfo};
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, decode_key, encode_key, item_size, write_units};
@@ -32,6 +33,8 @@ use crate::state::spill::{
 
 /// DynamoDB's per-partition write ceiling.
 pub const PARTITION_WCU: f64 = 1000.0;
+/// DynamoDB's per-partition read ceiling (strongly consistent reads of 4 KB).
+pub const PARTITION_RCU: f64 = 3000.0;
 /// Item collections are capped at 10 GB on tables with local secondary indexes;
 /// flag collections past 80 % of that.
 pub const COLLECTION_WARN_BYTES: u64 = 8 * 1024 * 1024 * 1024;
@@ -633,53 +636,95 @@ pub async fn run(
 ) -> anyhow::Result<Report> {
     let info = clients.describe_table(&plan.source_table).await?;
     info.check_key(&plan.source_key, "source")?;
-    let segments = scan_settings
+    let mut analyzer = Analyzer::new(plan, opts, rejects)?;
+    let read = TableRead {
+        table: &info,
+        settings: scan_settings,
+        label: "analyze",
+    };
+    read_table(clients, &read, progress, |page| {
+        analyzer.add_unreadable(page.unreadable);
+        analyzer.add_consumed(page.consumed);
+        for item in &page.items {
+            analyzer.add(item)?;
+        }
+        Ok(ControlFlow::Continue(()))
+    })
+    .await?;
+    analyzer.finish()
+}
+
+/// One read of a whole table (or until the consumer has enough).
+pub struct TableRead<'a> {
+    pub table: &'a TableInfo,
+    pub settings: &'a ScanSettings,
+    /// The progress display's label.
+    pub label: &'a str,
+}
+
+/// Scan a table under the read budget with progress, handing every page to
+/// `on_page` on this task (its aggregates need no sharing). `on_page`
+/// returning `Break` stops the Scan: no segment reads another page, and the
+/// pages already read are dropped.
+pub async fn read_table(
+    clients: &Clients,
+    read: &TableRead<'_>,
+    progress: &Progress,
+    mut on_page: impl FnMut(&Page) -> anyhow::Result<ControlFlow<()>>,
+) -> anyhow::Result<()> {
+    let info = read.table;
+    let settings = read.settings;
+    let segments = settings
         .segments
         .unwrap_or_else(|| scan::default_segments(info.size_bytes, 4));
+    let stop = tokio_util::sync::CancellationToken::new();
     let scan_opts = ScanOptions {
-        table: plan.source_table.clone(),
+        table: info.name.clone(),
         segments,
-        page_limit: scan_settings.page_limit,
+        page_limit: settings.page_limit,
         consistent_read: false,
-        stop: tokio_util::sync::CancellationToken::new(),
+        stop: stop.clone(),
     };
-    progress.start("analyze", Some(info.item_count));
+    progress.start(read.label, Some(info.item_count));
     let (tx, mut rx) = mpsc::channel::<Page>(segments as usize * 2);
-    let read_rate = scan_settings
+    let read_rate = settings
         .read_rate
         .map(|r| r.resolve(&info.name, info.provisioned_read, "read"))
         .transpose()
         .map_err(crate::phase::error::InputError)?;
     let control = Arc::new(Control::new(read_rate, None));
-    let mut analyzer = Analyzer::new(plan, opts, rejects)?;
-    // Pages go through a channel to the one analyzer: the aggregates are not shared.
     let scanning = async move {
         scan::scan(clients, &scan_opts, Vec::new(), control, move |page| {
             let tx = tx.clone();
             async move {
-                tx.send(page)
-                    .await
-                    .map_err(|_| anyhow::anyhow!("analyzer stopped"))
+                // A closed channel is a consumer that has enough: not an error.
+                let _ = tx.send(page).await;
+                Ok(())
             }
         })
         .await
     };
     let consuming = async {
+        let mut seen = 0u64;
+        let mut flow = Ok(ControlFlow::Continue(()));
         while let Some(page) = rx.recv().await {
-            analyzer.add_unreadable(page.unreadable);
-            analyzer.add_consumed(page.consumed);
-            for item in &page.items {
-                analyzer.add(item)?;
+            seen += page.items.len() as u64 + page.unreadable;
+            flow = on_page(&page);
+            progress.update(seen, page.consumed);
+            if !matches!(flow, Ok(ControlFlow::Continue(()))) {
+                stop.cancel();
+                break;
             }
-            progress.update(analyzer.scanned(), page.consumed);
         }
-        anyhow::Ok(())
+        // Segments waiting to hand over a page see the channel closed and stop.
+        rx.close();
+        flow.map(|_| ())
     };
     let (scanned, consumed) = tokio::join!(scanning, consuming);
     consumed?;
     scanned?;
     progress.finish();
-    analyzer.finish()
+    Ok(())
 }
 
 #[cfg(test)]
