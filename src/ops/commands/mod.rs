@@ -8,6 +8,7 @@
 //! * `analyze` — `analyze`.
 //! * `copy` — `backfill` (and `undo`), `tail`.
 //! * `verify` — `verify`, in a new table or in place.
+//! * `query` — `query`, the read path of the new design.
 //! * `run` — `run`, the whole lifecycle.
 //! * `switch` — `drain`, `cutover`, `finish`.
 //! * `demo` — `demo`.
@@ -16,6 +17,7 @@ mod analyze;
 mod copy;
 mod demo;
 mod offline;
+mod query;
 mod run;
 mod switch;
 mod verify;
@@ -34,6 +36,7 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
     let c = &common;
     match command {
         Command::Check(cmd) => offline::check(c, cmd),
+        Command::Query(cmd) => query::query(c, cmd).await,
         Command::Status(cmd) => offline::status(c, cmd),
         Command::Control(cmd) => offline::control(c, cmd).await,
         Command::IamPolicy(cmd) => offline::iam_policy(c, cmd),

@@ -217,6 +217,7 @@ const AWS_SOURCES: &[(&str, &str)] = &[
     ("src/aws/export.rs", include_str!("../../aws/export.rs")),
     ("src/aws/import.rs", include_str!("../../aws/import.rs")),
     ("src/aws/item.rs", include_str!("../../aws/item.rs")),
+    ("src/aws/query.rs", include_str!("../../aws/query.rs")),
     ("src/aws/rate.rs", include_str!("../../aws/rate.rs")),
     ("src/aws/retry.rs", include_str!("../../aws/retry.rs")),
     ("src/aws/scan.rs", include_str!("../../aws/scan.rs")),
@@ -353,6 +354,7 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
         PolicyCommand::Tail,
         PolicyCommand::Verify,
         PolicyCommand::Cutover,
+        PolicyCommand::Query,
     ];
     for plan in [rekey(), in_place()] {
         for (export, import) in [(None, None), (Some("s3://b/p"), Some("s3://b/i"))] {
