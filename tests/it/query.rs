@@ -165,15 +165,19 @@ async fn a_writer_inserting_and_deleting_between_pages_causes_no_repeat_and_no_m
     let inserted = std::cell::RefCell::new(BTreeSet::new());
     let (got, _) = s
         .walk(s.options("big", 7), async || {
-            // Each gap: three new orders anywhere in the key range, two deletions.
+            // Each gap: three new orders anywhere in the key range (behind
+            // the page just read and ahead of it), in any shard; two deletions.
             let new: Vec<Item> = (0..3)
                 .map(|_| {
-                    let id = 1000 + rng.below(9000) as usize;
-                    inserted.borrow_mut().insert(id);
-                    source_order("big", id)
+                    let (id, shard) = (rng.below(230) as usize, rng.below(8));
+                    let mut ins = inserted.borrow_mut();
+                    let sk = format!("O#{id:05}x{}", ins.len());
+                    ins.insert(sk.clone());
+                    item(&format!(
+                        r#"{{"PK":{{"S":"T#big#S#{shard}"}},"SK":{{"S":"{sk}"}}}}"#
+                    ))
                 })
                 .collect();
-            let new: Vec<Item> = expected_target(&s.plan, &new).into_values().collect();
             s.env.put(&s.target, &new).await;
             for _ in 0..2 {
                 let id = rng.below(230) as usize;
@@ -195,14 +199,22 @@ async fn a_writer_inserting_and_deleting_between_pages_causes_no_repeat_and_no_m
         missed.is_empty(),
         "orders there throughout were missed: {missed:?}"
     );
-    let allowed: BTreeSet<String> = sks((0..230).chain(inserted.into_inner()))
+    let inserted = inserted.into_inner();
+    let allowed: BTreeSet<String> = sks(0..230)
         .into_iter()
+        .chain(inserted.iter().cloned())
         .collect();
     assert!(
         got.iter().all(|k| allowed.contains(k)),
         "an order that never existed"
     );
     assert!(!deleted.is_empty());
+    let new_seen = got.iter().filter(|k| inserted.contains(*k)).count();
+    assert!(
+        new_seen > 0 && new_seen < inserted.len(),
+        "some inserts land ahead of the cursor, some behind: {new_seen} of {}",
+        inserted.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
