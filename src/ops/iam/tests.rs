@@ -169,6 +169,20 @@ fn tail_gets_only_what_the_tail_calls() {
 }
 
 #[test]
+fn query_gets_only_query_on_the_target() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Query],
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &opts));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders_v2"],
+        set(&["dynamodb:Query"])
+    );
+    assert_eq!(m.len(), 1);
+}
+
+#[test]
 fn a_backfill_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
     let opts = PolicyOptions {
         commands: vec![PolicyCommand::Backfill],
