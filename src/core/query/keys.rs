@@ -47,7 +47,14 @@ pub enum KeyError {
     BadTime(String),
     #[error("rule `{0}`: its partition key template cannot be read by query")]
     Unsupported(String),
+    #[error(
+        "rule `{rule}`: {keys} partition keys to read, more than {MAX_KEYS}; narrow --from/--to"
+    )]
+    TooMany { rule: String, keys: usize },
 }
+
+/// Most partition keys one read fans out to: every page queries each of them.
+pub const MAX_KEYS: usize = 10_000;
 
 /// `--from` and `--to`: ISO-8601 text or epoch seconds/milliseconds, as
 /// `bucket()` reads them.
@@ -198,12 +205,25 @@ pub fn render(
                         let r = range.ok_or_else(|| KeyError::NoTimeRange(rule.name.clone()))?;
                         let labels = buckets_between(time(&r.from), time(&r.to), *unit)
                             .map_err(|e| KeyError::BadTime(e.to_string()))?;
+                        if labels.is_empty() {
+                            return Err(KeyError::BadTime(format!(
+                                "--to {} is before --from {}",
+                                r.to, r.from
+                            )));
+                        }
                         labels.iter().map(|l| padded(l)).collect()
                     }
                     Expr::Text(_) => return Err(KeyError::Unsupported(rule.name.clone())),
                 }
             }
         };
+        let count = keys.len().saturating_mul(choices.len());
+        if count > MAX_KEYS {
+            return Err(KeyError::TooMany {
+                rule: rule.name.clone(),
+                keys: count,
+            });
+        }
         keys = keys
             .iter()
             .flat_map(|k| choices.iter().map(move |c| format!("{k}{c}")))

@@ -64,6 +64,19 @@ fn a_bucketed_key_needs_a_time_range_and_fans_out_over_it() {
     assert_eq!(k.keys.len(), 16, "2 hours × 8 shards");
     assert_eq!(k.keys[0], "SOURCE#pos#HOUR#2026-07-07T10#SHARD#0");
     assert_eq!(k.keys[8], "SOURCE#pos#HOUR#2026-07-07T11#SHARD#0");
+    let backwards = TimeRange {
+        from: "2026-07-07T11:00:00Z".into(),
+        to: "2026-07-07T10:00:00Z".into(),
+    };
+    let e = keys::render(&p, rule, &w, Some(&backwards)).unwrap_err();
+    assert!(e.to_string().contains("is before --from"), "{e}");
+    let year = TimeRange {
+        from: "2026-01-01".into(),
+        to: "2026-12-31".into(),
+    };
+    let e = keys::render(&p, rule, &w, Some(&year)).unwrap_err();
+    // 8,737 hours from midnight to midnight, 8 shards each.
+    assert!(matches!(e, KeyError::TooMany { keys: 69_896, .. }), "{e}");
     let bad = TimeRange {
         from: "yesterday".into(),
         to: "2026-07-07".into(),
