@@ -17,7 +17,8 @@
 
 pub mod cursor;
 pub mod keys;
-pub mod memory;
+#[cfg(test)]
+mod memory;
 pub mod merge;
 pub mod range;
 
