@@ -19,7 +19,7 @@ use std::cmp::Ordering;
 use std::collections::VecDeque;
 
 use super::cursor::Cursor;
-use super::range::{Order, SkCondition, SkRange};
+use super::range::{Bound, Order, SkCondition, SkRange};
 
 /// An item of the merged stream: the index of its partition key, its sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,13 @@ impl<T> PageRun<T> {
                 Source {
                     // Keys after the cursor's own come after it at an equal sort key.
                     range: match cursor {
-                        Some(c) => range.after(&c.sk, i > c.key, order),
+                        Some(c) => range.after(
+                            Bound {
+                                value: c.sk.clone(),
+                                inclusive: i > c.key,
+                            },
+                            order,
+                        ),
                         None => range,
                     },
                     buf: VecDeque::new(),

@@ -84,14 +84,11 @@ impl SkRange {
         }
     }
 
-    /// Only what comes after sort key `sk` in `order`: strictly after it, or
-    /// from it on (`inclusive`) for a key the merge puts after the one `sk`
-    /// was read from. A position is always inside the range it narrows.
-    pub fn after(mut self, sk: &str, inclusive: bool, order: Order) -> SkRange {
-        let b = Some(Bound {
-            value: sk.to_string(),
-            inclusive,
-        });
+    /// Only what comes after `from` in `order`: strictly after its value, or
+    /// from it on (`inclusive`, for a key the merge puts after the one the
+    /// value was read from). A position is always inside the range it narrows.
+    pub fn after(mut self, from: Bound, order: Order) -> SkRange {
+        let b = Some(from);
         match order {
             Order::Ascending => self.lower = b,
             Order::Descending => self.upper = b,
@@ -154,20 +151,24 @@ impl SkRange {
 mod tests {
     use super::*;
 
+    fn bound(value: &str, inclusive: bool) -> Bound {
+        Bound {
+            value: value.into(),
+            inclusive,
+        }
+    }
+
     #[test]
     fn a_prefix_narrowed_by_a_position_is_read_from_the_position_and_stops_at_the_prefix_end() {
-        let r = SkRange::of(&SkCondition::BeginsWith("ORDER#".into())).after(
-            "ORDER#5",
-            false,
-            Order::Ascending,
-        );
+        let r = SkRange::of(&SkCondition::BeginsWith("ORDER#".into()))
+            .after(bound("ORDER#5", false), Order::Ascending);
         assert_eq!(r.key_condition(), KeyCondition::Gt("ORDER#5".into()));
         assert!(!r.contains("ORDER#5"));
         assert!(r.contains("ORDER#6"));
         assert!(!r.is_past_end("ORDER#5", Order::Ascending));
         assert!(r.is_past_end("PROFILE", Order::Ascending));
-        let d =
-            SkRange::of(&SkCondition::BeginsWith("B".into())).after("B9", true, Order::Descending);
+        let d = SkRange::of(&SkCondition::BeginsWith("B".into()))
+            .after(bound("B9", true), Order::Descending);
         assert_eq!(d.key_condition(), KeyCondition::Le("B9".into()));
         assert!(d.contains("B9"));
         assert!(d.is_past_end("A", Order::Descending));
@@ -182,7 +183,7 @@ mod tests {
             KeyCondition::Between("a".into(), "m".into())
         );
         assert!(r.contains("a") && r.contains("m") && !r.contains("n"));
-        let r = r.after("c", false, Order::Ascending);
+        let r = r.after(bound("c", false), Order::Ascending);
         assert_eq!(
             r.key_condition(),
             KeyCondition::Between("c".into(), "m".into())
