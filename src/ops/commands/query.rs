@@ -42,6 +42,7 @@ pub(super) async fn query(c: &Common, cmd: Planned<QueryOptions>) -> anyhow::Res
                     "keys": report.keys,
                     "queries": report.queries,
                     "consumed_rcu": report.consumed_rcu,
+                    "unreadable": report.unreadable,
                 })
                 .to_string(),
             )?;
@@ -112,6 +113,13 @@ fn table(r: &QueryReport, key_names: &[&str]) -> String {
         r.queries,
         r.consumed_rcu
     );
+    if r.unreadable > 0 {
+        let _ = writeln!(
+            o,
+            "note: {} item(s) had attribute types this rekey cannot read and are not shown",
+            r.unreadable
+        );
+    }
     match &r.next_cursor {
         Some(cur) => {
             let _ = writeln!(o, "next page: --cursor {cur}");
