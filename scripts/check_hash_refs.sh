@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the reference implementations in docs/ref/ (TypeScript via node,
 # Python, Java) against vectors/hash-vectors.json, and check that
-# docs/hashes.md embeds exactly the same code.
+# docs/hashes.md embeds exactly the same code; then the read-path
+# references against vectors/read-path-vectors.json (check_read_refs.sh).
 #
 # Usage (from anywhere): scripts/check_hash_refs.sh
 # Needs: node (>= 18), python3, a JDK (>= 11). Optional: tsc, to type-check shard.ts.
@@ -50,3 +51,6 @@ javac -d "$work/classes" "$ref/Shard.java" "$check/ShardCheck.java"
 java -cp "$work/classes" ShardCheck < "$work/vectors.tsv"
 
 echo "all reference implementations agree with the vectors"
+
+# The read path's references (docs/read-path.md), against their own vectors.
+"$root/scripts/check_read_refs.sh"

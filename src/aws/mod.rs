@@ -27,6 +27,7 @@ pub mod endpoint;
 pub mod export;
 pub mod import;
 pub mod item;
+pub mod query;
 pub mod rate;
 pub mod retry;
 pub mod scan;

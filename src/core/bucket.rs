@@ -102,6 +102,69 @@ impl std::error::Error for BucketError {}
 
 /// The UTC bucket label of `input` for `unit`. See the module docs for the rules.
 pub fn bucket(input: TimeInput<'_>, unit: BucketUnit) -> Result<String, BucketError> {
+    Ok(label(instant(input)?, unit))
+}
+
+/// Most labels [`buckets_between`] lists: a bigger range is almost certainly
+/// a mistake (ten thousand hours is over a year), and each label is a Query.
+pub const MAX_BUCKETS: usize = 10_000;
+
+/// Every bucket label from the one holding `from` to the one holding `to`,
+/// both included, in time order: the buckets a read over a time range must
+/// visit. Empty when `to` is before `from`.
+pub fn buckets_between(
+    from: TimeInput<'_>,
+    to: TimeInput<'_>,
+    unit: BucketUnit,
+) -> Result<Vec<String>, BucketError> {
+    let (from, to) = (instant(from)?, instant(to)?);
+    let mut out = Vec::new();
+    if to < from {
+        return Ok(out);
+    }
+    let mut t = bucket_start(from, unit);
+    while t <= to {
+        if out.len() == MAX_BUCKETS {
+            return Err(BucketError(format!(
+                "more than {MAX_BUCKETS} {} buckets between {from} and {to}",
+                unit.name()
+            )));
+        }
+        out.push(label(t, unit));
+        t = match next_bucket(t, unit) {
+            Some(n) if n.year() <= MAX_YEAR => n,
+            _ => break,
+        };
+    }
+    Ok(out)
+}
+
+/// The first instant of the bucket holding `t`.
+fn bucket_start(t: NaiveDateTime, unit: BucketUnit) -> NaiveDateTime {
+    let day = t.date();
+    let first = match unit {
+        BucketUnit::Hour => {
+            return day.and_time(NaiveTime::MIN) + TimeDelta::hours(t.hour().into());
+        }
+        BucketUnit::Day => day,
+        BucketUnit::Week => day - TimeDelta::days(day.weekday().num_days_from_monday().into()),
+        BucketUnit::Month => day.with_day(1).unwrap_or(day),
+    };
+    first.and_time(NaiveTime::MIN)
+}
+
+/// The first instant of the bucket after the one starting at `t`.
+fn next_bucket(t: NaiveDateTime, unit: BucketUnit) -> Option<NaiveDateTime> {
+    match unit {
+        BucketUnit::Hour => t.checked_add_signed(TimeDelta::hours(1)),
+        BucketUnit::Day => t.checked_add_signed(TimeDelta::days(1)),
+        BucketUnit::Week => t.checked_add_signed(TimeDelta::days(7)),
+        BucketUnit::Month => t.checked_add_months(chrono::Months::new(1)),
+    }
+}
+
+/// The UTC instant `input` stands for, within the supported range.
+fn instant(input: TimeInput<'_>) -> Result<NaiveDateTime, BucketError> {
     let utc = match input {
         TimeInput::Text(s) => parse_text(s).map_err(|why| {
             BucketError(format!(
@@ -115,7 +178,7 @@ pub fn bucket(input: TimeInput<'_>, unit: BucketUnit) -> Result<String, BucketEr
     if !(MIN_YEAR..=MAX_YEAR).contains(&utc.year()) {
         return Err(out_of_range(input));
     }
-    Ok(label(utc, unit))
+    Ok(utc)
 }
 
 const MIN_YEAR: i32 = 1;
@@ -693,6 +756,25 @@ mod tests {
     }
 
     proptest! {
+        /// The labels between two instants run from the first's bucket to the
+        /// last's, each once, in order (labels sort as their buckets do).
+        #[test]
+        fn buckets_between_runs_from_bucket_to_bucket(
+            a in 0i64..4_000_000_000,
+            span in 0i64..3_000_000,
+            unit in proptest::sample::select(&UNITS[..]),
+        ) {
+            let (from, to) = (a.to_string(), (a + span).to_string());
+            let labels = buckets_between(TimeInput::Number(&from), TimeInput::Number(&to), unit).unwrap();
+            prop_assert_eq!(labels.first().unwrap(), &ok_num(&from, unit));
+            prop_assert_eq!(labels.last().unwrap(), &ok_num(&to, unit));
+            prop_assert!(labels.windows(2).all(|w| w[0] < w[1]), "{:?}", labels);
+            // Every hour in between lands in one of them.
+            for t in (a..=a + span).step_by(3600) {
+                prop_assert!(labels.contains(&ok_num(&t.to_string(), unit)));
+            }
+        }
+
         #[test]
         fn day_is_prefix_of_hour(secs in -62_135_596_800i64..100_000_000_000) {
             let s = secs.to_string();
@@ -759,5 +841,44 @@ mod tests {
                 let _ = bucket(TimeInput::Number(&s), u);
             }
         }
+    }
+
+    #[test]
+    fn buckets_between_lists_every_label_from_the_first_to_the_last() {
+        let between = |a: &str, b: &str, u| {
+            buckets_between(TimeInput::Text(a), TimeInput::Text(b), u).unwrap()
+        };
+        assert_eq!(
+            between("2026-07-07T22:30Z", "2026-07-08T01:00+00:00", Hour),
+            [
+                "2026-07-07T22",
+                "2026-07-07T23",
+                "2026-07-08T00",
+                "2026-07-08T01"
+            ]
+        );
+        assert_eq!(between("2026-07-07", "2026-07-07", Day), ["2026-07-07"]);
+        assert_eq!(
+            between("2026-12-30", "2027-01-12", Week),
+            ["2026-W53", "2027-W01", "2027-W02"]
+        );
+        assert_eq!(
+            between("2026-11-30T23:00Z", "2027-01-01", Month),
+            ["2026-11", "2026-12", "2027-01"]
+        );
+        assert!(between("2026-07-08", "2026-07-07", Day).is_empty());
+        assert!(between("2026-07-07T10:30Z", "2026-07-07T10:10Z", Hour).is_empty());
+        let epoch = buckets_between(TimeInput::Number("0"), TimeInput::Number("7200"), Hour);
+        assert_eq!(
+            epoch.unwrap(),
+            ["1970-01-01T00", "1970-01-01T01", "1970-01-01T02"]
+        );
+        let far = buckets_between(
+            TimeInput::Text("2000-01-01"),
+            TimeInput::Text("2026-01-01"),
+            Hour,
+        );
+        assert!(far.unwrap_err().0.contains("more than 10000"));
+        assert!(buckets_between(TimeInput::Text("x"), TimeInput::Text("2026-01-01"), Day).is_err());
     }
 }

@@ -11,6 +11,7 @@ pub mod import;
 pub mod inverse;
 pub mod marker;
 pub mod plan;
+pub mod query;
 pub mod suggest;
 pub mod template;
 pub mod transform;

@@ -196,27 +196,31 @@ impl Template {
                 Part::Lit(l) => out.push_str(l),
                 Part::Expr { expr, pad, .. } => {
                     let v = eval(expr, scope)?;
-                    let t = v.text();
-                    if let Some(width) = pad {
-                        let len = t.chars().count();
-                        if len < *width {
-                            // Zero padding goes after a sign, as format!("{:03}", -5) does.
-                            let (sign, digits) = match t.strip_prefix('-') {
-                                Some(rest) => ("-", rest),
-                                None => ("", t),
-                            };
-                            out.push_str(sign);
-                            out.extend(std::iter::repeat_n('0', width - len));
-                            out.push_str(digits);
-                            continue;
-                        }
-                    }
-                    out.push_str(t);
+                    push_padded(&mut out, v.text(), *pad);
                 }
             }
         }
         Ok(out)
     }
+}
+
+/// Append `t` to `out`, zero-padded to `pad` characters (`:02`) if given.
+pub fn push_padded(out: &mut String, t: &str, pad: Option<usize>) {
+    if let Some(width) = pad {
+        let len = t.chars().count();
+        if len < width {
+            // Zero padding goes after a sign, as format!("{:03}", -5) does.
+            let (sign, digits) = match t.strip_prefix('-') {
+                Some(rest) => ("-", rest),
+                None => ("", t),
+            };
+            out.push_str(sign);
+            out.extend(std::iter::repeat_n('0', width - len));
+            out.push_str(digits);
+            return;
+        }
+    }
+    out.push_str(t);
 }
 
 fn eval<'a>(expr: &'a Expr, scope: &'a Scope<'a>) -> Result<Evaluated<'a>, RenderError> {

@@ -119,6 +119,9 @@ pub enum Command {
     Cutover(CutoverArgs),
     /// After the application has switched: drain once more, record the end, stop the tail.
     Finish(FinishArgs),
+    /// Read one logical key of the new design: every partition key the plan spread it over,
+    /// queried in parallel and merged by sort key, a page at a time (--cursor goes on).
+    Query(QueryArgs),
     /// The migration's phase and progress, from what its processes publish (works while they run).
     Status(StatusArgs),
     /// Pause, resume or change the rates of a running backfill (through its state directory).
@@ -165,6 +168,7 @@ pub enum PolicyCommandArg {
     Verify,
     Drain,
     Cutover,
+    Query,
     /// backfill, tail, verify, drain and cutover.
     All,
 }
@@ -399,6 +403,48 @@ pub struct FinishArgs {
     pub state: StateArgs,
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub drain_timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    pub plan: PathBuf,
+    /// The key's values: `tenant=acme,day=2026-07-07` (repeatable); exactly the captures
+    /// and attributes its partition key template reads outside shard() and bucket().
+    #[arg(long = "where", value_name = "NAME=VALUE,…", required = true)]
+    pub where_: Vec<String>,
+    /// The rule whose key is read (default: the one rule whose key --where fits).
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// For a key with bucket(): the first time to read (ISO-8601, or epoch seconds/ms).
+    #[arg(long, value_name = "TIME", requires = "to")]
+    pub from: Option<String>,
+    /// For a key with bucket(): the last time to read; every bucket from --from's to this one's.
+    #[arg(long, value_name = "TIME", requires = "from")]
+    pub to: Option<String>,
+    /// Only sort keys that begin with PREFIX.
+    #[arg(long, value_name = "PREFIX", conflicts_with = "sk_between")]
+    pub sk_begins_with: Option<String>,
+    /// Only sort keys from LOW to HIGH, both included.
+    #[arg(long, num_args = 2, value_names = ["LOW", "HIGH"])]
+    pub sk_between: Option<Vec<String>>,
+    /// Descending sort-key order.
+    #[arg(long)]
+    pub desc: bool,
+    /// Items per page.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
+    /// Where the previous page ended (printed with it); the same arguments must be given.
+    #[arg(long, value_name = "CURSOR")]
+    pub cursor: Option<String>,
+    /// Read budget for the parallel queries, RCU per second (default: unlimited).
+    #[arg(long, value_name = "RCU")]
+    pub read_rate: Option<f64>,
+    /// Strongly consistent reads (twice the read units).
+    #[arg(long)]
+    pub consistent: bool,
+    /// One JSON line per item (DynamoDB JSON), then one with the next cursor.
     #[arg(long)]
     pub json: bool,
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod inplace;
 pub mod lifecycle;
 pub mod progress;
+pub mod query;
 pub mod suggest;
 pub mod tail;
 pub mod verify;

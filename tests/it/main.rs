@@ -23,6 +23,7 @@ mod lineage;
 mod local;
 mod ops;
 mod proxy;
+mod query;
 mod suggest;
 mod tail;
 mod throttle;

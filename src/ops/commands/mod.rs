@@ -9,6 +9,7 @@
 //! * `suggest` — `suggest`.
 //! * `copy` — `backfill` (and `undo`), `tail`.
 //! * `verify` — `verify`, in a new table or in place.
+//! * `query` — `query`, the read path of the new design.
 //! * `run` — `run`, the whole lifecycle.
 //! * `switch` — `drain`, `cutover`, `finish`.
 //! * `demo` — `demo`.
@@ -17,6 +18,7 @@ mod analyze;
 mod copy;
 mod demo;
 mod offline;
+mod query;
 mod run;
 mod suggest;
 mod switch;
@@ -36,6 +38,7 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
     let c = &common;
     match command {
         Command::Check(cmd) => offline::check(c, cmd),
+        Command::Query(cmd) => query::query(c, cmd).await,
         Command::Status(cmd) => offline::status(c, cmd),
         Command::Control(cmd) => offline::control(c, cmd).await,
         Command::IamPolicy(cmd) => offline::iam_policy(c, cmd),

@@ -28,10 +28,13 @@ use crate::phase::backfill::BackfillOptions;
 use crate::phase::barrier::DrainOptions;
 use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
+use crate::phase::query::QueryOptions;
 use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::tail::TailOptions;
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
+
+mod query;
 
 /// Consecutive non-throttle failures of one write before a run stops.
 const MAX_RETRIES: u32 = 10;
@@ -100,6 +103,7 @@ pub enum Command {
     Drain(Planned<DrainOptions>),
     Cutover(Planned<CutoverOptions>),
     Finish(Planned<FinishOptions>),
+    Query(Planned<QueryOptions>),
     Status(Planned<StateDir>),
     Control(Planned<ControlChange>),
     Demo(DemoOptions),
@@ -256,6 +260,7 @@ fn command_and_output(
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
         C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
         C::Finish(a) => (finish(&a)?, no_progress(a.json)),
+        C::Query(a) => (query::query(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
         C::Control(a) => (control(&a)?, no_progress(a.json)),
         C::Demo(a) => {
@@ -595,6 +600,7 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Verify => commands.push(P::Verify),
             PolicyCommandArg::Drain => commands.push(P::Drain),
             PolicyCommandArg::Cutover => commands.push(P::Cutover),
+            PolicyCommandArg::Query => commands.push(P::Query),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }

@@ -46,6 +46,7 @@ fn options(c: &Command) -> String {
         Command::Drain(p) => format!("{:?}", p.options),
         Command::Cutover(p) => format!("{:?}", p.options),
         Command::Finish(p) => format!("{:?}", p.options),
+        Command::Query(p) => format!("{:?}", p.options),
         Command::Status(p) => format!("{:?}", p.options),
         Command::Control(p) => format!("{:?}", p.options),
         Command::Demo(d) => format!("{d:?}"),
@@ -477,6 +478,51 @@ const ERROR_CASES: &[(&[&str], &str)] = &[
     (
         &["verify", "/nonexistent/plan.toml", "--sample", "0"],
         "/nonexistent/plan.toml: cannot read",
+    ),
+    // `rekey query`: the key, the condition, the page and the cursor, before any AWS call.
+    (
+        &["query", PLAN, "--where", "tenant=a,date=d"],
+        "no rule's partition key is made of exactly `date`, `tenant`",
+    ),
+    (
+        &["query", PLAN, "--where", "tenant=a,day=d", "--limit", "0"],
+        "--limit: give 1 or more",
+    ),
+    (
+        &[
+            "query",
+            PLAN,
+            "--where",
+            "tenant=a,day=d",
+            "--sk-between",
+            "b",
+            "a",
+        ],
+        "the low end sorts after the high end",
+    ),
+    (
+        &[
+            "query",
+            PLAN,
+            "--where",
+            "tenant=a,day=d",
+            "--cursor",
+            "eyJ2IjoxfQ",
+        ],
+        "--cursor is not a rekey cursor",
+    ),
+    (
+        &[
+            "query",
+            PLAN,
+            "--where",
+            "tenant=a,day=d",
+            "--from",
+            "2026-07-07",
+            "--to",
+            "2026-07-08",
+        ],
+        "--from and --to are for a partition key with a time bucket",
     ),
     // clap's own checks.
     (

@@ -68,6 +68,8 @@ pub enum PolicyCommand {
     /// `rekey drain`: the barrier's marker item, written and deleted.
     Drain,
     Cutover,
+    /// `rekey query`: reads the target's partition keys.
+    Query,
 }
 
 impl PolicyCommand {
@@ -126,6 +128,7 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         &["src/aws/mod.rs"],
     ),
     used("dynamodb:Scan", ".scan()", &["src/aws/scan.rs"]),
+    used("dynamodb:Query", ".query()", &["src/aws/query.rs"]),
     used(
         "dynamodb:UpdateItem",
         ".update_item()",
@@ -330,6 +333,9 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                 n.source.insert("dynamodb:DescribeTable");
                 n.target.insert("dynamodb:DescribeTable");
                 n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
+            }
+            Query => {
+                n.target.insert("dynamodb:Query");
             }
         }
     }

@@ -169,6 +169,20 @@ fn tail_gets_only_what_the_tail_calls() {
 }
 
 #[test]
+fn query_gets_only_query_on_the_target() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Query],
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &opts));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders_v2"],
+        set(&["dynamodb:Query"])
+    );
+    assert_eq!(m.len(), 1);
+}
+
+#[test]
 fn a_backfill_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
     let opts = PolicyOptions {
         commands: vec![PolicyCommand::Backfill],
@@ -217,6 +231,7 @@ const AWS_SOURCES: &[(&str, &str)] = &[
     ("src/aws/export.rs", include_str!("../../aws/export.rs")),
     ("src/aws/import.rs", include_str!("../../aws/import.rs")),
     ("src/aws/item.rs", include_str!("../../aws/item.rs")),
+    ("src/aws/query.rs", include_str!("../../aws/query.rs")),
     ("src/aws/rate.rs", include_str!("../../aws/rate.rs")),
     ("src/aws/retry.rs", include_str!("../../aws/retry.rs")),
     ("src/aws/scan.rs", include_str!("../../aws/scan.rs")),
@@ -353,6 +368,7 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
         PolicyCommand::Tail,
         PolicyCommand::Verify,
         PolicyCommand::Cutover,
+        PolicyCommand::Query,
     ];
     for plan in [rekey(), in_place()] {
         for (export, import) in [(None, None), (Some("s3://b/p"), Some("s3://b/i"))] {

@@ -1,0 +1,143 @@
+//! One Query call: a page of one partition key, over a sort-key condition,
+//! under the read budget. The read path (`phase::query`) decides which key
+//! to read next and from where; this only turns that into the SDK call and
+//! rides out throttles and transient failures as the Scan does.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+use crate::aws::rate::Control;
+use crate::aws::retry::{backoff, jitter};
+use crate::aws::{Clients, from_sdk_item, to_sdk_item};
+use crate::core::query::KeyCondition;
+use crate::core::value::Item;
+
+/// Consecutive transient failures (5xx, resets) of one Query before the read stops.
+const MAX_TRANSIENT_FAILURES: u32 = 10;
+
+#[derive(Debug, Clone)]
+pub struct QueryCall<'a> {
+    pub table: &'a str,
+    pub partition_key: &'a str,
+    pub sort_key: &'a str,
+    /// The partition key's value (a string).
+    pub key: &'a str,
+    pub condition: &'a KeyCondition,
+    pub ascending: bool,
+    /// The LastEvaluatedKey of the call before, for the next page of the same key.
+    pub start: Option<&'a Item>,
+    pub limit: i32,
+    pub consistent_read: bool,
+}
+
+#[derive(Debug)]
+pub struct QueryPage {
+    pub items: Vec<Item>,
+    /// Items whose attribute types this SDK does not know: counted, never dropped silently.
+    pub unreadable: u64,
+    /// DynamoDB's LastEvaluatedKey: there may be more after `items`.
+    pub next: Option<Item>,
+    pub consumed: f64,
+}
+
+/// The key condition expression and its values for `call`.
+fn expression(call: &QueryCall<'_>) -> (String, HashMap<String, AttributeValue>) {
+    let s = |v: &str| AttributeValue::S(v.to_string());
+    let mut values = HashMap::from([(":pk".to_string(), s(call.key))]);
+    let mut one = |op: &str, v: &str| {
+        values.insert(":a".to_string(), s(v));
+        format!(" AND #sk {op} :a")
+    };
+    let sk = match call.condition {
+        KeyCondition::None => String::new(),
+        KeyCondition::BeginsWith(p) => {
+            values.insert(":a".to_string(), s(p));
+            " AND begins_with(#sk, :a)".to_string()
+        }
+        KeyCondition::Between(a, b) => {
+            values.insert(":a".to_string(), s(a));
+            values.insert(":b".to_string(), s(b));
+            " AND #sk BETWEEN :a AND :b".to_string()
+        }
+        KeyCondition::Gt(v) => one(">", v),
+        KeyCondition::Ge(v) => one(">=", v),
+        KeyCondition::Lt(v) => one("<", v),
+        KeyCondition::Le(v) => one("<=", v),
+    };
+    (format!("#pk = :pk{sk}"), values)
+}
+
+/// Read one page of `call.key`, waiting for the read budget first.
+pub async fn query(
+    clients: &Clients,
+    control: &Control,
+    call: &QueryCall<'_>,
+) -> anyhow::Result<QueryPage> {
+    let (expr, values) = expression(call);
+    let mut names = HashMap::from([("#pk".to_string(), call.partition_key.to_string())]);
+    if !matches!(call.condition, KeyCondition::None) {
+        names.insert("#sk".to_string(), call.sort_key.to_string());
+    }
+    let mut failures = 0;
+    loop {
+        control.wait_read().await;
+        let out = clients
+            .dynamodb
+            .query()
+            .table_name(call.table)
+            .key_condition_expression(&expr)
+            .set_expression_attribute_names(Some(names.clone()))
+            .set_expression_attribute_values(Some(values.clone()))
+            .scan_index_forward(call.ascending)
+            .limit(call.limit.max(1))
+            .consistent_read(call.consistent_read)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .set_exclusive_start_key(call.start.map(to_sdk_item))
+            .send()
+            .await
+            .map_err(|e| clients.error("Query", call.table, e));
+        let out = match out {
+            Ok(o) => o,
+            Err(e) if e.is_throttle() => {
+                control.read_throttled(&e).await;
+                continue;
+            }
+            Err(e) if e.is_transient() && failures < MAX_TRANSIENT_FAILURES => {
+                failures += 1;
+                tracing::info!(action = "Query", table = %call.table, failures, error = %e, "retrying");
+                tokio::time::sleep(backoff(failures, jitter())).await;
+                continue;
+            }
+            Err(e) => return Err(anyhow::Error::new(e)),
+        };
+        let consumed = out
+            .consumed_capacity()
+            .and_then(|c| c.capacity_units())
+            .unwrap_or(0.0);
+        control.read.spend(consumed).await;
+        let mut items = Vec::new();
+        let mut unreadable = 0;
+        for it in out.items.unwrap_or_default() {
+            match from_sdk_item(it) {
+                Some(i) => items.push(i),
+                None => unreadable += 1,
+            }
+        }
+        let next = match out.last_evaluated_key.filter(|k| !k.is_empty()) {
+            None => None,
+            Some(k) => Some(from_sdk_item(k).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "Query of `{}` returned a resume key of unknown types",
+                    call.table
+                )
+            })?),
+        };
+        return Ok(QueryPage {
+            items,
+            unreadable,
+            next,
+            consumed,
+        });
+    }
+}
