@@ -108,6 +108,28 @@ impl Drop for Inner {
     }
 }
 
+/// Creates an empty index at `path` all at once: built beside it, made
+/// durable, then renamed into place. A kill -9 while redb wrote a new file's
+/// header left a file that is not a database ("magic number mismatch") at
+/// `path`, and every rerun refused it; now `path` is either absent or whole,
+/// and a half-built file beside it is overwritten by the next try.
+fn create_whole(path: &Path) -> Result<(), ClaimsError> {
+    let new = path.with_extension("redb.new");
+    let _ = std::fs::remove_file(&new);
+    drop(Database::create(&new).map_err(|e| error(path, e))?);
+    std::fs::File::open(&new)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| error(path, e))?;
+    std::fs::rename(&new, path).map_err(|e| error(path, e))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // The rename is durable once the directory is.
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| error(path, e))?;
+    }
+    Ok(())
+}
+
 fn error(path: &Path, e: impl std::fmt::Display) -> ClaimsError {
     ClaimsError {
         path: path.to_path_buf(),
@@ -118,6 +140,9 @@ fn error(path: &Path, e: impl std::fmt::Display) -> ClaimsError {
 impl Claims {
     /// Open (or create) the index at `path` and start its committer.
     pub fn open(path: &Path) -> Result<Claims, ClaimsError> {
+        if !path.exists() {
+            create_whole(path)?;
+        }
         let db = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .create(path)
@@ -330,6 +355,29 @@ mod tests {
         let claimed = c.claim_durably(pairs.to_vec()).await.unwrap();
         assert_eq!(claimed.pairs, pairs, "the pairs come back as sent");
         claimed.owners
+    }
+
+    #[tokio::test]
+    async fn a_claim_index_killed_while_being_created_is_created_again() {
+        // What kill -9 left in the middle of redb writing a new file: the
+        // half-built file beside the index, never the index itself.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claims.redb");
+        std::fs::write(path.with_extension("redb.new"), b"redb\0half").unwrap();
+        let c = Claims::open(&path).unwrap();
+        assert_eq!(claim(&c, &[pair("t1", "s1")]).await, vec![None]);
+        drop(c);
+        let c = Claims::open(&path).unwrap();
+        assert_eq!(c.owner(b"t1").unwrap(), Some(b"s1".to_vec()));
+        assert!(!path.with_extension("redb.new").exists());
+        drop(c);
+        // A file at the index's own path that is not a database is another
+        // program's or a disk's doing: refused, not replaced.
+        std::fs::write(&path, b"not a database").unwrap();
+        let e = Claims::open(&path)
+            .err()
+            .expect("a foreign file is refused");
+        assert!(e.to_string().contains("claims.redb"), "{e}");
     }
 
     #[tokio::test]
