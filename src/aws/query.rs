@@ -8,13 +8,10 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter};
-use crate::aws::{Clients, from_sdk_item, to_sdk_item};
+use crate::aws::scan::{ReadPage, read_page, retry_read};
+use crate::aws::{Clients, to_sdk_item};
 use crate::core::query::KeyCondition;
 use crate::core::value::Item;
-
-/// Consecutive transient failures (5xx, resets) of one Query before the read stops.
-const MAX_TRANSIENT_FAILURES: u32 = 10;
 
 #[derive(Debug, Clone)]
 pub struct QueryCall<'a> {
@@ -99,40 +96,26 @@ pub async fn query(
             .map_err(|e| clients.error("Query", call.table, e));
         let out = match out {
             Ok(o) => o,
-            Err(e) if e.is_throttle() => {
-                control.read_throttled(&e).await;
+            Err(e) => {
+                retry_read(control, e, "Query", call.table, &mut failures).await?;
                 continue;
             }
-            Err(e) if e.is_transient() && failures < MAX_TRANSIENT_FAILURES => {
-                failures += 1;
-                tracing::info!(action = "Query", table = %call.table, failures, error = %e, "retrying");
-                tokio::time::sleep(backoff(failures, jitter())).await;
-                continue;
-            }
-            Err(e) => return Err(anyhow::Error::new(e)),
         };
         let consumed = out
             .consumed_capacity()
             .and_then(|c| c.capacity_units())
             .unwrap_or(0.0);
         control.read.spend(consumed).await;
-        let mut items = Vec::new();
-        let mut unreadable = 0;
-        for it in out.items.unwrap_or_default() {
-            match from_sdk_item(it) {
-                Some(i) => items.push(i),
-                None => unreadable += 1,
-            }
-        }
-        let next = match out.last_evaluated_key.filter(|k| !k.is_empty()) {
-            None => None,
-            Some(k) => Some(from_sdk_item(k).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "Query of `{}` returned a resume key of unknown types",
-                    call.table
-                )
-            })?),
-        };
+        let ReadPage {
+            items,
+            unreadable,
+            next,
+        } = read_page(
+            out.items.unwrap_or_default(),
+            out.last_evaluated_key,
+            "Query",
+            call.table,
+        )?;
         return Ok(QueryPage {
             items,
             unreadable,

@@ -6,10 +6,11 @@
 //! carries the key to resume after it, so a consumer that checkpoints a segment
 //! only once a page's work is done can restart from exactly there.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, Select};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, Select};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -17,9 +18,71 @@ use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
 use crate::aws::{Clients, from_sdk_item, to_sdk_item};
 
-/// Consecutive transient failures (5xx, resets) of one Scan page before the run stops.
-const MAX_TRANSIENT_FAILURES: u32 = 10;
+use crate::aws::AwsError;
 use crate::core::value::Item;
+
+/// Consecutive transient failures (5xx, resets) of one read (a Scan page, a
+/// Query) before the run stops.
+const MAX_TRANSIENT_FAILURES: u32 = 10;
+
+/// A read call (Scan, Query) that failed: Ok when it is to be made again
+/// (the read budget slowed for a throttle, or after a backoff for the
+/// `failures`-th transient failure in a row), the error when not.
+pub(super) async fn retry_read(
+    control: &Control,
+    e: AwsError,
+    action: &'static str,
+    table: &str,
+    failures: &mut u32,
+) -> anyhow::Result<()> {
+    if e.is_throttle() {
+        // The read side adapts too: a throttled read slows every reader.
+        control.read_throttled(&e).await;
+        return Ok(());
+    }
+    if e.is_transient() && *failures < MAX_TRANSIENT_FAILURES {
+        *failures += 1;
+        tracing::info!(action, table, failures = *failures, error = %e, "retrying");
+        tokio::time::sleep(backoff(*failures, jitter())).await;
+        return Ok(());
+    }
+    Err(anyhow::Error::new(e))
+}
+
+/// A read page's items in rekey's types (those of types rekey cannot read
+/// counted), and the key to resume after.
+pub(super) struct ReadPage {
+    pub items: Vec<Item>,
+    pub unreadable: u64,
+    pub next: Option<Item>,
+}
+
+pub(super) fn read_page(
+    raw: Vec<HashMap<String, AttributeValue>>,
+    last_evaluated_key: Option<HashMap<String, AttributeValue>>,
+    action: &str,
+    table: &str,
+) -> anyhow::Result<ReadPage> {
+    let mut items = Vec::with_capacity(raw.len());
+    let mut unreadable = 0;
+    for it in raw {
+        match from_sdk_item(it) {
+            Some(i) => items.push(i),
+            None => unreadable += 1,
+        }
+    }
+    let next = match last_evaluated_key.filter(|k| !k.is_empty()) {
+        None => None,
+        Some(k) => Some(from_sdk_item(k).ok_or_else(|| {
+            anyhow::anyhow!("{action} of `{table}` returned a resume key of unknown types")
+        })?),
+    };
+    Ok(ReadPage {
+        items,
+        unreadable,
+        next,
+    })
+}
 
 /// A segment's resume point: the primary key of the last item it read.
 pub type StartKey = Item;
@@ -116,48 +179,28 @@ where
                         failures = 0;
                         o
                     }
-                    Err(e) if e.is_throttle() => {
-                        // The read side adapts too: a throttled Scan slows every segment.
-                        control.read_throttled(&e).await;
+                    Err(e) => {
+                        retry_read(&control, e, "Scan", &opts.table, &mut failures).await?;
                         continue;
                     }
-                    Err(e) if e.is_transient() && failures < MAX_TRANSIENT_FAILURES => {
-                        failures += 1;
-                        tracing::info!(action = "Scan", table = %opts.table, failures, error = %e, "retrying");
-                        tokio::time::sleep(backoff(failures, jitter())).await;
-                        continue;
-                    }
-                    Err(e) => return Err(anyhow::Error::new(e)),
                 };
                 let consumed = out
                     .consumed_capacity()
                     .and_then(|c| c.capacity_units())
                     .unwrap_or(0.0);
                 control.read.spend(consumed).await;
-                let raw = out.items.unwrap_or_default();
-                let mut items = Vec::with_capacity(raw.len());
-                let mut unreadable = 0;
-                for it in raw {
-                    match from_sdk_item(it) {
-                        Some(i) => items.push(i),
-                        None => unreadable += 1,
-                    }
-                }
-                next = out.last_evaluated_key.filter(|k| !k.is_empty());
-                let resume_after = match &next {
-                    None => None,
-                    Some(k) => Some(from_sdk_item(k.clone()).ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "Scan of `{}` returned a resume key of unknown types",
-                            opts.table
-                        )
-                    })?),
-                };
+                let page = read_page(
+                    out.items.unwrap_or_default(),
+                    out.last_evaluated_key,
+                    "Scan",
+                    &opts.table,
+                )?;
+                next = page.next.as_ref().map(to_sdk_item);
                 on_page(Page {
                     segment,
-                    items,
-                    unreadable,
-                    next: resume_after,
+                    items: page.items,
+                    unreadable: page.unreadable,
+                    next: page.next,
                     consumed,
                 })
                 .await?;
