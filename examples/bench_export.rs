@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rekey::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader};
+use rekey::aws::export::{DataFile, ExportLocation, ExportReader};
 use rekey::core::plan::Plan;
 use rekey::core::transform::{Outcome, transform};
 use rekey::core::value::{Item, Value};
@@ -234,7 +234,7 @@ async fn rekey_pass(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(file) = files.get(i) else { break };
-                let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(1024);
+                let (tx, mut rx) = rekey::aws::export::lines_channel(1024);
                 let read = reader.read_file(file, 0, tx);
                 let drain = async {
                     let mut c = Counts::default();

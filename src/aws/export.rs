@@ -105,7 +105,7 @@ use crate::aws::{Endpoint, error_chain};
 use decode::{ChunkReader, FileCtx, decode_lines, join_blocking};
 use error::s3_error;
 
-pub use decode::{ExportLine, FileSummary, to_hex};
+pub use decode::{ExportLine, FileSummary, LineReceiver, LineSender, lines_channel, to_hex};
 pub use error::ExportError;
 pub use manifest::{DataFile, Manifest, format_rfc3339_ms, parse_rfc3339_ms};
 pub use reader::ExportReader;
@@ -368,7 +368,7 @@ impl Store {
         &self,
         loc: Loc,
         ctx: FileCtx,
-        tx: mpsc::Sender<ExportLine>,
+        tx: LineSender,
     ) -> Result<FileSummary, ExportError> {
         match (self, loc) {
             (Store::Local, Loc::Local(path)) => decode_local(path, ctx, tx).await,
@@ -391,9 +391,10 @@ struct S3Object<'a> {
 async fn decode_local(
     path: PathBuf,
     ctx: FileCtx,
-    tx: mpsc::Sender<ExportLine>,
+    tx: LineSender,
 ) -> Result<FileSummary, ExportError> {
     let task = tokio::task::spawn_blocking(move || {
+        let mut tx = tx;
         let f = std::fs::File::open(&path).map_err(|source| {
             if source.kind() == io::ErrorKind::NotFound {
                 ExportError::NotFound {
@@ -407,7 +408,7 @@ async fn decode_local(
                 }
             }
         })?;
-        decode_lines(f, &ctx, &tx)
+        decode_lines(f, &ctx, &mut tx)
     });
     join_blocking(task).await
 }
@@ -417,7 +418,7 @@ async fn decode_local(
 async fn decode_s3(
     obj: S3Object<'_>,
     ctx: FileCtx,
-    tx: mpsc::Sender<ExportLine>,
+    tx: LineSender,
 ) -> Result<FileSummary, ExportError> {
     let S3Object { s3, bucket, key } = obj;
     let resp = s3
@@ -454,8 +455,10 @@ async fn decode_s3(
             }
         }
     };
-    let decode =
-        tokio::task::spawn_blocking(move || decode_lines(ChunkReader::new(chunk_rx), &ctx, &tx));
+    let decode = tokio::task::spawn_blocking(move || {
+        let mut tx = tx;
+        decode_lines(ChunkReader::new(chunk_rx), &ctx, &mut tx)
+    });
     let (pumped, decoded) = tokio::join!(pump, join_blocking(decode));
     // A broken download also breaks the decoding: report its cause.
     pumped?;

@@ -7,9 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rekey::aws::export::{
-    ExportError, ExportLine, ExportLocation, ExportReader, Manifest, format_rfc3339_ms,
-};
+use rekey::aws::export::{ExportError, ExportLocation, ExportReader, Manifest, format_rfc3339_ms};
 use rekey::core::value::{Item, Value};
 use rekey_testkit::export::write_export;
 
@@ -554,7 +552,7 @@ async fn a_dropped_receiver_stops_the_read() {
     let (reader, m) = ExportReader::open(ExportLocation::Local(dir.path().into()), None)
         .await
         .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<rekey::aws::export::ExportLine>(4);
+    let (tx, mut rx) = rekey::aws::export::lines_channel(4);
     let first_two = async move {
         let a = rx.recv().await.unwrap();
         let b = rx.recv().await.unwrap();
@@ -781,7 +779,7 @@ async fn stream_count(reader: &ExportReader, manifest: &Manifest) -> (u64, u64) 
     let before = status_kb("VmRSS:");
     let reset = reset_peak();
     let base = if reset { before } else { status_kb("VmHWM:") };
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(256);
+    let (tx, mut rx) = rekey::aws::export::lines_channel(256);
     let count = async {
         let (mut n, mut last) = (0u64, 0u64);
         while let Some(line) = rx.recv().await {

@@ -8,14 +8,12 @@
 use std::fmt;
 use std::path::{Component, Path};
 
-use tokio::sync::mpsc;
-
 use super::decode::FileCtx;
 use super::error::ExportError;
 use super::find::{Chosen, find_export, normalize_export_id};
 use super::manifest::{SummaryJson, parse_files_manifest};
 use super::{
-    DataFile, EXPORTS_DIR, ExportLine, ExportLocation, FILES_MANIFEST, FileSummary, Loc, Manifest,
+    DataFile, EXPORTS_DIR, ExportLocation, FILES_MANIFEST, FileSummary, LineSender, Loc, Manifest,
     S3Client, Store,
 };
 
@@ -188,7 +186,7 @@ impl ExportReader {
         &self,
         file: &DataFile,
         skip_lines: u64,
-        tx: mpsc::Sender<ExportLine>,
+        tx: LineSender,
     ) -> Result<FileSummary, ExportError> {
         let loc = self
             .resolve(&file.key)

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::aws::Clients;
-use crate::aws::export::{DataFile, ExportLine, ExportLocation, ExportReader, S3Client};
+use crate::aws::export::{DataFile, ExportLocation, ExportReader, S3Client, lines_channel};
 use crate::aws::rate::{Control, Rate, ThrottleStats};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::BATCH;

@@ -204,7 +204,7 @@ impl Drive<'_> {
             Some(FileState::Lines(n)) => n,
             None => 0,
         };
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<ExportLine>(EXPORT_PAGE * 2);
+        let (tx, mut rx) = lines_channel(EXPORT_PAGE * 2);
         let reading = reader.read_file(file, done, tx);
         let consuming = async {
             let mut lines = done;

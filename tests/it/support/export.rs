@@ -7,10 +7,11 @@ use std::path::Path;
 
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine as _;
-use rekey::aws::export::{DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client};
+use rekey::aws::export::{
+    DataFile, ExportError, ExportLine, ExportReader, FileSummary, S3Client, lines_channel,
+};
 use rekey::aws::{Endpoint, Service, Source};
 use rekey::core::value::{Item, Value};
-use tokio::sync::mpsc;
 
 pub const TABLE_ARN: &str = "arn:aws:dynamodb:us-east-1:123456789012:table/Orders";
 
@@ -181,7 +182,7 @@ pub async fn read_all(
     file: &DataFile,
     skip: u64,
 ) -> (Vec<ExportLine>, Result<FileSummary, ExportError>) {
-    let (tx, mut rx) = mpsc::channel(16);
+    let (tx, mut rx) = lines_channel(16);
     let collect = async {
         let mut lines = Vec::new();
         while let Some(l) = rx.recv().await {
