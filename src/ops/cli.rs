@@ -106,6 +106,9 @@ pub enum Command {
     Undo(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
+    /// Rollback's replication: keep the source current from the target table's stream
+    /// (NEW_AND_OLD_IMAGES), by the plan's inverse, without echoing the forward tail's writes.
+    Reverse(TailArgs),
     /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).
     Verify(VerifyArgs),
     /// Prove the tail has applied every source write made before now: write a
@@ -149,6 +152,7 @@ impl Command {
                 | Command::Undo(_)
                 | Command::Run(_)
                 | Command::Tail(_)
+                | Command::Reverse(_)
                 | Command::Verify(_)
         )
     }
@@ -307,14 +311,14 @@ pub struct TailArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub state: StateArgs,
-    /// Write budget for the target, WCU per second (default: unlimited).
+    /// Write budget for the table written (the target; `reverse`: the source), WCU per second (default: unlimited).
     #[arg(long, value_name = "WCU")]
     pub write_rate: Option<f64>,
     /// Catch-up mode: exit once the backfill is done, the buffer applied, and
     /// no record has arrived for this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub exit_when_idle: Option<f64>,
-    /// Rejected items (default: <state dir>/tail-rejects.jsonl).
+    /// Rejected items (default: <state dir>/tail-rejects.jsonl; `reverse`: reverse-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
     #[arg(long)]

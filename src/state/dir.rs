@@ -5,6 +5,7 @@
 //! ```text
 //! <dir>/db, owner                 the backfill's sled store and its lock holder
 //! <dir>/tail/                     the tail's store; tail/status.json its snapshot
+//! <dir>/reverse/                  the reverse tail's store (target → source); reverse/status.json
 //! <dir>/verify/                   verify's store, result.json, mismatches.jsonl, …
 //! <dir>/backfill.json             the backfill's snapshot
 //! <dir>/cutover.json              the cutover record
@@ -13,7 +14,7 @@
 //! <dir>/finished                  marker: `rekey finish` ran (the tail stops)
 //! <dir>/postpone                  flag the operator creates: cutover waits
 //! <dir>/control.json              pause, resume, rates of a running backfill
-//! <dir>/rejects.jsonl, tail-rejects.jsonl, progress.jsonl, claims.redb
+//! <dir>/rejects.jsonl, tail-rejects.jsonl, reverse-rejects.jsonl, progress.jsonl, claims.redb
 //! ```
 
 use std::ops::Deref;
@@ -47,6 +48,11 @@ impl StateDir {
         self.0.join("tail")
     }
 
+    /// The reverse tail's store: the target's stream applied to the source.
+    pub fn reverse_store(&self) -> PathBuf {
+        self.0.join("reverse")
+    }
+
     pub fn verify_store(&self) -> PathBuf {
         self.0.join("verify")
     }
@@ -59,6 +65,10 @@ impl StateDir {
 
     pub fn tail_snapshot(&self) -> PathBuf {
         self.tail_store().join("status.json")
+    }
+
+    pub fn reverse_snapshot(&self) -> PathBuf {
+        self.reverse_store().join("status.json")
     }
 
     pub fn verify_snapshot(&self) -> PathBuf {
@@ -121,6 +131,11 @@ impl StateDir {
 
     pub fn tail_rejects(&self) -> PathBuf {
         self.0.join("tail-rejects.jsonl")
+    }
+
+    /// Target items the reverse tail could not write back to the source.
+    pub fn reverse_rejects(&self) -> PathBuf {
+        self.0.join("reverse-rejects.jsonl")
     }
 
     /// One progress sample a second, of the backfill.

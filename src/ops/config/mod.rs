@@ -27,7 +27,7 @@ use crate::phase::backfill::BackfillOptions;
 use crate::phase::barrier::DrainOptions;
 use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
-use crate::phase::tail::TailOptions;
+use crate::phase::tail::{Flow, TailOptions};
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
 
@@ -238,7 +238,8 @@ fn command_and_output(
         C::Analyze(a) => (analyze(&a)?, output(a.json, false)),
         C::Backfill(a) => (backfill(&a, false)?, output(a.json, true)),
         C::Undo(a) => (backfill(&a, true)?, output(a.json, true)),
-        C::Tail(a) => (tail(&a)?, output(a.json, true)),
+        C::Tail(a) => (tail(&a, Flow::Forward)?, output(a.json, true)),
+        C::Reverse(a) => (tail(&a, Flow::Reverse)?, output(a.json, true)),
         C::Verify(a) => (verify(&a)?, output(a.json, true)),
         C::Run(a) => (run(&a)?, output(a.json, true)),
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
@@ -333,6 +334,7 @@ fn tail_options(state_dir: &StateDir) -> TailOptions {
         write_rate: None,
         poll_interval: TAIL_POLL,
         stop: CancellationToken::new(),
+        flow: Flow::Forward,
     }
 }
 
@@ -386,7 +388,8 @@ fn backfill(a: &cli::BackfillArgs, undo: bool) -> anyhow::Result<Command> {
     Ok(Command::Backfill(Planned { plan, options }))
 }
 
-fn tail(a: &cli::TailArgs) -> anyhow::Result<Command> {
+/// `rekey tail` (forwards) and `rekey reverse` (backwards).
+fn tail(a: &cli::TailArgs, flow: Flow) -> anyhow::Result<Command> {
     let plan = Plan::load(&a.plan)?;
     let state_dir = state_dir(&a.plan, &a.state);
     let exit_when_idle = a
@@ -397,9 +400,13 @@ fn tail(a: &cli::TailArgs) -> anyhow::Result<Command> {
         rejects: a
             .rejects
             .clone()
-            .unwrap_or_else(|| state_dir.tail_rejects()),
+            .unwrap_or_else(|| match flow {
+                Flow::Forward => state_dir.tail_rejects(),
+                Flow::Reverse => state_dir.reverse_rejects(),
+            }),
         exit_when_idle,
         write_rate: a.write_rate,
+        flow,
         ..tail_options(&state_dir)
     };
     Ok(Command::Tail(Planned { plan, options }))
