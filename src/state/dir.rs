@@ -6,6 +6,7 @@
 //! <dir>/db, owner                 the backfill's sled store and its lock holder
 //! <dir>/tail/                     the tail's store; tail/status.json its snapshot
 //! <dir>/reverse/                  the reverse tail's store (target → source); reverse/status.json
+//! <dir>/{tail,reverse}/written.jsonl  each direction's echo ledger (`state::echoes`)
 //! <dir>/verify/                   verify's store, result.json, mismatches.jsonl, …
 //! <dir>/backfill.json             the backfill's snapshot
 //! <dir>/cutover.json              the cutover record
@@ -65,6 +66,16 @@ impl StateDir {
 
     pub fn tail_snapshot(&self) -> PathBuf {
         self.tail_store().join("status.json")
+    }
+
+    /// The forward tail's echo ledger (`state::echoes`).
+    pub fn tail_ledger(&self) -> PathBuf {
+        self.tail_store().join("written.jsonl")
+    }
+
+    /// The reverse tail's echo ledger.
+    pub fn reverse_ledger(&self) -> PathBuf {
+        self.reverse_store().join("written.jsonl")
     }
 
     pub fn reverse_snapshot(&self) -> PathBuf {

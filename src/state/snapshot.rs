@@ -166,6 +166,9 @@ pub struct TailStatus {
     /// other direction's echoes, or the item already in sync (issue 13).
     #[serde(default)]
     pub in_sync: u64,
+    /// Records that were the other direction's writes coming back (not applied).
+    #[serde(default)]
+    pub echoes: u64,
     /// Writes not made because the table written had changed independently
     /// (both sides wrote the item; see README, "Rolling back").
     #[serde(default)]

@@ -23,6 +23,7 @@ mod lineage;
 mod local;
 mod ops;
 mod proxy;
+mod rollback;
 mod tail;
 mod throttle;
 mod verify;

@@ -49,6 +49,7 @@ pub(super) struct Tally {
     pub deletes: u64,
     pub updates: u64,
     pub in_sync: u64,
+    pub echoes: u64,
     pub conflicts: u64,
     pub rejects: Vec<(Item, String)>,
 }
@@ -200,21 +201,17 @@ impl Tail<'_> {
         let applied = if self.plan.mode == Mode::InPlace {
             apply_lanes(self.clients, self.plan, &self.control, &changes, lanes).await?
         } else if self.guarded() {
-            guard::apply_guarded(
-                self.clients,
-                &self.mapper,
-                &self.control,
-                &changes,
-                &lanes,
-                &mut self.written,
-            )
-            .await?
+            self.open_echoes()?;
+            let echoes = self.echoes.as_mut().expect("opened above");
+            guard::apply_guarded(self.clients, &self.mapper, &self.control, &changes, &lanes, echoes)
+                .await?
         } else {
             let reduced = reduce(&self.mapper, &changes, &lanes);
             let table = self.opts.flow.write_table(self.plan);
             write_rounds(self.clients, table, &self.control, &changes, reduced).await?
         };
         self.report.in_sync += applied.in_sync;
+        self.report.echoes += applied.echoes;
         self.report.conflicts += applied.conflicts;
         self.report.puts += applied.puts;
         self.report.deletes += applied.deletes;

@@ -79,6 +79,14 @@ impl Flow {
         }
     }
 
+    /// The direction's echo ledger.
+    pub fn ledger(self, dir: &StateDir) -> PathBuf {
+        match self {
+            Flow::Forward => dir.tail_ledger(),
+            Flow::Reverse => dir.reverse_ledger(),
+        }
+    }
+
     /// The other direction.
     pub fn other(self) -> Flow {
         match self {

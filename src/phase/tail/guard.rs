@@ -1,51 +1,59 @@
-//! Guarded writes: why two tails running in opposite directions never loop.
+//! Guarded writes: why two tails running in opposite directions never loop,
+//! and an echo never undoes an application write.
 //!
 //! During a rollback's deploy window the forward tail writes the target,
 //! whose stream feeds the reverse tail, which writes the source, whose stream
-//! feeds the forward tail. Neither may write the other's change back, and an
-//! application write on either side must not be undone by an echo of an
-//! older one. So while a reverse tail exists, both directions apply a lane
-//! (one item of the table read) by state, not by replaying records:
+//! feeds the forward tail. While a reverse tail exists, both directions apply
+//! each record under three rules:
 //!
-//! 1. **Current state, not the record.** The item is read again (consistent
-//!    GetItem) in the table the stream belongs to, and what is written is the
-//!    mapping of *that* — the lane's records only say which item changed and
-//!    what it was before (the first record's old image). A stale record (the
-//!    item has changed since) therefore never writes an old image: a later
-//!    record carries the newer state, and re-reading an item changed back and
-//!    forth (A → B → A) finds A, not B.
-//! 2. **Nothing already held.** Each resulting write is compared with what the
-//!    table written holds at its key: equal (or a delete of an absent key),
-//!    and it is not made. A write's echo — the other tail reading it from
-//!    this table's stream — always finds the other side holding it, so it
-//!    writes nothing: tail writes are bounded by application writes
-//!    (`rollback::both_tails_with_disjoint_writers_write_no_echo`).
-//! 3. **Not over an independent change.** The write is made only if the table
-//!    written still holds what this direction would have left there before
-//!    the lane's changes (the mapping of the old image, or of any image in
-//!    the lane), or what this tail last wrote at that key. Anything else was
-//!    written on that side independently — by the application, or by the
-//!    other tail carrying an application write — and the write is counted as
-//!    a *conflict* and not made: the other direction carries the newer side
-//!    over, and `verify` (both ways) reports an item both applications wrote.
+//! 1. **An echo is not written back.** Every write a guarded tail makes is
+//!    announced first in its echo ledger (`state::echoes`); a record whose
+//!    key and new image (or deletion) the other direction announced is that
+//!    write coming back, and is taken, not applied. So tail writes are bounded
+//!    by application writes, by construction
+//!    (`rollback::both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge`).
+//! 2. **The current state, not a stale record.** The item is read again
+//!    (consistent GetItem) in the table the stream belongs to. If it no
+//!    longer holds the record's new image, a later record carries the newer
+//!    state: only the record's delete of an old key is applied (what the item
+//!    maps to now is not there), never its old put. Replaying an item changed
+//!    back and forth (A → B → A) therefore never writes B.
+//! 3. **Nothing already held, nothing independent deleted.** A put equal to
+//!    what the table written holds is not made (`in_sync`); a delete is made
+//!    only if the key still holds what this record's old image maps to —
+//!    anything else there was written on that side since, and is counted as a
+//!    `conflict`, not deleted.
 //!
-//! Lanes are applied one after the other in stream order (two target keys of
-//! one source item, a move, touch one source key), each write acknowledged
+//! The same item written on both sides in the window (issue 13, item 4): each
+//! tail applies the write it reads while it is still current on its side, so
+//! the write applied last to both tables wins — in practice the later one;
+//! README, "Rolling back", says which and how `verify` reports what is left.
+//!
+//! Records are applied one at a time in stream order (two target keys of one
+//! source item, a move, touch one source key), each write acknowledged
 //! before the next check.
 
 use super::apply::{Final, Tally, Target, write_batch};
 use super::*;
 
 use crate::aws::item::get_item;
-
-/// How many target keys' last writes are remembered (then forgotten at once).
-const REMEMBERED: usize = 100_000;
+use crate::state::echoes::{Echoes, entry};
 
 impl Tail<'_> {
     /// Whether writes are guarded: always backwards, and forwards once a
     /// reverse tail has run for this migration.
     pub(super) fn guarded(&self) -> bool {
         self.opts.flow == Flow::Reverse || self.opts.state_dir.reverse_store().exists()
+    }
+
+    /// The echo ledgers, opened on the first guarded call.
+    pub(super) fn open_echoes(&mut self) -> anyhow::Result<()> {
+        if self.echoes.is_none() {
+            let flow = self.opts.flow;
+            let dir = &self.opts.state_dir;
+            self.echoes = Some(Echoes::open(&flow.ledger(dir), &flow.other().ledger(dir))?);
+        }
+        Ok(())
     }
 }
 
@@ -58,35 +66,19 @@ pub(super) enum Check {
 }
 
 /// Pure: a write (`wanted`: the item, or None for a delete) against what the
-/// table holds at its key, given the states this direction may have left
-/// there (`behind`).
-pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, behind: &[Option<Item>]) -> Check {
+/// table holds at its key; a delete only of what the record's old image maps
+/// to there (`before`).
+pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, before: Option<&Item>) -> Check {
     if held == wanted {
         Check::InSync
-    } else if behind.iter().any(|b| b.as_ref() == held) {
+    } else if wanted.is_some() || held == before {
         Check::Write
     } else {
         Check::Conflict
     }
 }
 
-/// What this direction would leave at write key `key` for each image of the
-/// lane (and the old image): the mapping if it lands on that key, else
-/// nothing.
-fn behind(m: &Mapper<'_>, key: &Item, images: &[Option<&Item>]) -> Vec<Option<Item>> {
-    let mut out = vec![None];
-    for image in images.iter().flatten() {
-        if let Mapped::Put(item) = m.map(image)
-            && &m.write_key_of(&item) == key
-        {
-            out.push(Some(item));
-        }
-    }
-    out.dedup();
-    out
-}
-
-/// Apply lanes by the rules in the module docs; return when every write is
+/// Apply records by the rules in the module docs; return when every write is
 /// acknowledged.
 pub(super) async fn apply_guarded(
     clients: &Clients,
@@ -94,24 +86,47 @@ pub(super) async fn apply_guarded(
     control: &Control,
     changes: &[Change],
     lanes: &[Vec<usize>],
-    mine: &mut HashMap<Vec<u8>, Option<Item>>,
+    echoes: &mut Echoes,
 ) -> anyhow::Result<Tally> {
-    let write_table = m.flow.write_table(m.plan);
-    let names = m.flow.write_key(m.plan).names();
+    let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
+    order.sort_unstable();
     let mut tally = Tally::default();
-    for lane in lanes {
-        let (Some(&first), Some(&last)) = (lane.first(), lane.last()) else {
+    for i in order {
+        let c = &changes[i];
+        let Some(any) = c.new.as_ref().or(c.old.as_ref()) else {
             continue;
         };
-        let Some(current) = current_change(clients, m, &changes[first], &changes[last]).await?
-        else {
+        let key = m.read_key_of(any);
+        let image = c.new.as_ref().filter(|_| c.kind != ChangeKind::Remove);
+        if echoes.take(&entry(&key, image))? {
+            tally.echoes += 1;
             continue;
+        }
+        let read_table = m.flow.read_table(m.plan);
+        let now = get_item(clients, read_table, &key, true)
+            .await
+            .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
+        let current = now.as_ref() == image;
+        let before = c.old.as_ref().and_then(|o| match m.map(o) {
+            Mapped::Put(item) => Some(item),
+            _ => None,
+        });
+        let actions = if current {
+            mapped_actions(m, c)
+        } else {
+            // Stale: only the old key's delete, if the item maps elsewhere now.
+            let now_key = now.as_ref().and_then(|n| match m.map(n) {
+                Mapped::Put(item) => Some(m.write_key_of(&item)),
+                _ => None,
+            });
+            before
+                .iter()
+                .map(|b| m.write_key_of(b))
+                .filter(|k| Some(k) != now_key.as_ref())
+                .map(Action::Delete)
+                .collect()
         };
-        let images: Vec<Option<&Item>> = lane
-            .iter()
-            .flat_map(|&i| [changes[i].old.as_ref(), changes[i].new.as_ref()])
-            .collect();
-        for (a, action) in mapped_actions(m, &current).into_iter().enumerate() {
+        for (a, action) in actions.into_iter().enumerate() {
             let target = match action {
                 Action::Put(item) => Target::Put(item),
                 Action::Delete(key) => Target::Delete(key),
@@ -120,90 +135,64 @@ pub(super) async fn apply_guarded(
                     continue;
                 }
                 Action::Update(w) => {
-                    tally
-                        .rejects
-                        .push((w.key, "an in-place update in a guarded tail (a bug in rekey)".into()));
+                    tally.rejects.push((
+                        w.key,
+                        "an in-place update in a guarded tail (a bug in rekey)".into(),
+                    ));
                     continue;
                 }
             };
-            let (key, wanted) = match &target {
-                Target::Put(item) => (m.write_key_of(item), Some(item)),
-                Target::Delete(key) => (key.clone(), None),
-            };
-            let held = get_item(clients, write_table, &key, true)
-                .await
-                .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
-            let code = encode_key(&key, &names).unwrap_or_default();
-            let mut behind = behind(m, &key, &images);
-            if let Some(last_written) = mine.get(&code) {
-                behind.push(last_written.clone());
-            }
-            match check(wanted, held.as_ref(), &behind) {
-                Check::InSync => tally.in_sync += 1,
-                Check::Conflict => {
-                    tracing::info!(table = write_table, "guarded tail: conflict, write not made");
-                    tally.conflicts += 1;
-                }
-                Check::Write => {
-                    let put = u64::from(wanted.is_some());
-                    let f = Final {
-                        target: target.clone(),
-                        order: (last, a),
-                        puts: put,
-                        deletes: 1 - put,
-                    };
-                    let refused = write_batch(clients, write_table, control, &[f]).await?;
-                    match refused.into_iter().next().flatten() {
-                        None => {
-                            tally.puts += put;
-                            tally.deletes += 1 - put;
-                            if mine.len() >= REMEMBERED {
-                                mine.clear();
-                            }
-                            mine.insert(code, wanted.cloned());
-                        }
-                        Some(reason) => {
-                            let source = current.new.as_ref().or(current.old.as_ref());
-                            tally
-                                .rejects
-                                .push((source.cloned().unwrap_or_default(), reason));
-                        }
-                    }
-                }
-            }
+            write_one(clients, m, control, echoes, (target, (i, a)), before.as_ref(), &mut tally)
+                .await?;
         }
     }
     Ok(tally)
 }
 
-/// The lane as one change from the first record's old image to the item as
-/// the table read holds it now; None when both are absent.
-async fn current_change(
+/// One write after its check: announced in the ledger, then sent.
+async fn write_one(
     clients: &Clients,
     m: &Mapper<'_>,
-    first: &Change,
-    last: &Change,
-) -> anyhow::Result<Option<Change>> {
-    let Some(any) = last.new.as_ref().or(last.old.as_ref()) else {
-        return Ok(None);
+    control: &Control,
+    echoes: &mut Echoes,
+    (target, order): (Target, (usize, usize)),
+    before: Option<&Item>,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    let write_table = m.flow.write_table(m.plan);
+    let (key, wanted) = match &target {
+        Target::Put(item) => (m.write_key_of(item), Some(item)),
+        Target::Delete(key) => (key.clone(), None),
     };
-    let read_table = m.flow.read_table(m.plan);
-    let now = get_item(clients, read_table, &m.read_key_of(any), true)
+    let held = get_item(clients, write_table, &key, true)
         .await
-        .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
-    let kind = match (&first.old, &now) {
-        (None, None) => return Ok(None),
-        (_, None) => ChangeKind::Remove,
-        (None, Some(_)) => ChangeKind::Insert,
-        (Some(_), Some(_)) => ChangeKind::Modify,
-    };
-    Ok(Some(Change {
-        kind,
-        old: first.old.clone(),
-        ttl: last.ttl && now.is_none(),
-        new: now,
-        at: last.at,
-    }))
+        .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
+    let before = before.filter(|b| m.write_key_of(b) == key);
+    match check(wanted, held.as_ref(), before) {
+        Check::InSync => tally.in_sync += 1,
+        Check::Conflict => {
+            tracing::info!(table = write_table, "guarded tail: conflict, delete not made");
+            tally.conflicts += 1;
+        }
+        Check::Write => {
+            echoes.announce(&entry(&key, wanted))?;
+            let put = u64::from(wanted.is_some());
+            let f = Final {
+                target: target.clone(),
+                order,
+                puts: put,
+                deletes: 1 - put,
+            };
+            match write_batch(clients, write_table, control, &[f]).await?.into_iter().next().flatten() {
+                None => {
+                    tally.puts += put;
+                    tally.deletes += 1 - put;
+                }
+                Some(reason) => tally.rejects.push((wanted.cloned().unwrap_or(key), reason)),
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -219,17 +208,15 @@ mod tests {
     }
 
     #[test]
-    fn an_echo_is_in_sync_a_lagging_side_is_written_and_an_independent_change_is_left() {
+    fn a_put_is_made_unless_held_and_a_delete_only_of_what_the_old_image_left() {
         let (a, b, c) = (it("a"), it("b"), it("c"));
-        // The other side already holds it (an echo): no write.
-        assert_eq!(check(Some(&b), Some(&b), &[None, Some(a.clone())]), Check::InSync);
-        assert_eq!(check(None, None, &[Some(a.clone())]), Check::InSync);
-        // It holds what this direction left before: write.
-        assert_eq!(check(Some(&b), Some(&a), &[None, Some(a.clone())]), Check::Write);
-        assert_eq!(check(Some(&b), None, &[None]), Check::Write);
-        assert_eq!(check(None, Some(&a), &[None, Some(a.clone())]), Check::Write);
-        // It holds something this direction never left: someone else wrote it.
-        assert_eq!(check(Some(&b), Some(&c), &[None, Some(a.clone())]), Check::Conflict);
-        assert_eq!(check(None, Some(&c), &[None, Some(a)]), Check::Conflict);
+        assert_eq!(check(Some(&b), Some(&b), Some(&a)), Check::InSync);
+        assert_eq!(check(None, None, Some(&a)), Check::InSync);
+        assert_eq!(check(Some(&b), Some(&a), Some(&a)), Check::Write);
+        assert_eq!(check(Some(&b), Some(&c), Some(&a)), Check::Write);
+        assert_eq!(check(None, Some(&a), Some(&a)), Check::Write);
+        // Written on that side since: not deleted.
+        assert_eq!(check(None, Some(&c), Some(&a)), Check::Conflict);
+        assert_eq!(check(None, Some(&c), None), Check::Conflict);
     }
 }

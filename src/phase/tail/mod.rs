@@ -205,6 +205,8 @@ pub struct TailReport {
     pub rejected: u64,
     /// Guarded writes not made: the table written already held them.
     pub in_sync: u64,
+    /// Guarded: records that were the other direction's writes coming back.
+    pub echoes: u64,
     /// Guarded writes not made: the table written had changed independently.
     pub conflicts: u64,
     /// Seconds between the last applied record's creation and its application.
@@ -261,8 +263,8 @@ struct Tail<'a> {
     /// Barrier id → (state, marker creation time).
     barriers: BTreeMap<String, (BarrierState, f64)>,
     published: Option<Instant>,
-    /// Guarded: the last write this tail made per write key (`guard`).
-    written: HashMap<Vec<u8>, Option<Item>>,
+    /// Guarded: the echo ledgers (`guard`), opened when first needed.
+    echoes: Option<crate::state::echoes::Echoes>,
 }
 
 pub async fn run(
@@ -379,7 +381,7 @@ impl<'a> Tail<'a> {
             progress: HashMap::new(),
             barriers,
             published: None,
-            written: HashMap::new(),
+            echoes: None,
         })
     }
 

@@ -65,6 +65,7 @@ impl Tail<'_> {
             updates: self.report.updates,
             rejected: self.report.rejected,
             in_sync: self.report.in_sync,
+            echoes: self.report.echoes,
             conflicts: self.report.conflicts,
             shards: shards
                 .iter()

@@ -1,0 +1,276 @@
+//! Rollback by reverse replication (issue 13) against the local server: the
+//! reverse tail (`rekey reverse`) follows the target's stream and writes the
+//! plan's inverse back to the source, under a live writer on the target and
+//! kill -9; and both tails at once, with writers on both tables, write no
+//! echo (tail writes bounded by application writes, both go idle) and leave
+//! target == transform(source), i.e. source == inverse(target).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rekey::core::plan::Plan;
+use rekey::core::transform::{Outcome, transform};
+use rekey::core::value::Item;
+
+use crate::support::plan::orders_by_status;
+use crate::support::workload::*;
+use crate::support::*;
+
+/// Both tables streamed, the source seeded, backfilled and tailed until the
+/// target equals transform(source).
+async fn migrated(n: u64) -> Orders {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_streamed_table(&target, &pk_sk()).await;
+    env.put(&source, &seed(n)).await;
+    let (plan_path, plan) = orders_by_status(&source, &target).write(&env);
+    let state = env.dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let o = Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    };
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let out = o
+        .env
+        .rekey(&["backfill", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = o.env.rekey(&[
+        "tail",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--json",
+        "--exit-when-idle",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(exact(&o).await, (0, 0, 0), "migrated");
+    o
+}
+
+/// (missing, extra, stale) of the target against transform(source): zero
+/// both ways means target == transform(source) and source == inverse(target).
+async fn exact(o: &Orders) -> (usize, usize, usize) {
+    let d = target_vs_transform(&o.env, &o.plan, &o.source, &o.target).await;
+    let sources = o.env.scan_all(&o.source).await.len();
+    let targets = o.env.scan_all(&o.target).await.len();
+    assert_eq!(
+        (d, sources),
+        (d, targets),
+        "every source item has exactly one target item"
+    );
+    d
+}
+
+/// The application after cutover: `ops` writes to the target for order ids
+/// `first..first + ids`, each order at the target key its status gives (a
+/// status change deletes the old key, then puts the new). `held` is what the
+/// target holds of these ids when it starts (id → status). Returns the
+/// writes made.
+async fn target_writer(
+    env: &TestEnv,
+    plan: &Plan,
+    table: &str,
+    (first, ids): (u64, u64),
+    mut held: HashMap<u64, &'static str>,
+    ops: usize,
+    seed: u64,
+) -> usize {
+    let mut rng = Rng(seed);
+    let c = &env.clients.dynamodb;
+    let target_of = |id: u64, status: &str, v: u64| -> Item {
+        match transform(plan, &order(id, status, v)) {
+            Outcome::Put { item, .. } => item,
+            o => panic!("{o:?}"),
+        }
+    };
+    let key_of = |item: &Item| -> Item {
+        item.iter()
+            .filter(|(k, _)| *k == "PK" || *k == "SK")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let mut writes = 0;
+    for n in 0..ops {
+        let id = first + rng.below(ids);
+        let status = STATUSES[rng.below(3) as usize];
+        let old = held.get(&id).map(|s| target_of(id, s, 0));
+        if rng.below(5) == 0
+            && let Some(old) = &old
+        {
+            c.delete_item()
+                .table_name(table)
+                .set_key(Some(rekey::aws::to_sdk_item(&key_of(old))))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("target writer: {}", rekey::aws::error_chain(&e)));
+            held.remove(&id);
+            writes += 1;
+            continue;
+        }
+        let new = target_of(id, status, 1_000_000 + n as u64);
+        if let Some(old) = &old
+            && key_of(old) != key_of(&new)
+        {
+            c.delete_item()
+                .table_name(table)
+                .set_key(Some(rekey::aws::to_sdk_item(&key_of(old))))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("target writer: {}", rekey::aws::error_chain(&e)));
+            writes += 1;
+        }
+        c.put_item()
+            .table_name(table)
+            .set_item(Some(rekey::aws::to_sdk_item(&new)))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("target writer: {}", rekey::aws::error_chain(&e)));
+        held.insert(id, status);
+        writes += 1;
+        if n % 50 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    writes
+}
+
+/// The statuses `seed(n)` gives orders `0..n`.
+fn seeded(n: u64) -> HashMap<u64, &'static str> {
+    (0..n).map(|i| (i, STATUSES[(i % 3) as usize])).collect()
+}
+
+/// Puts + deletes of a tail's `--json` report.
+fn tail_writes(out: &std::process::Output) -> u64 {
+    assert!(out.status.success(), "{}", stderr(out));
+    let r = report(out);
+    eprintln!("{r}");
+    r["puts"].as_u64().unwrap() + r["deletes"].as_u64().unwrap()
+}
+
+/// The status a direction's tail publishes, once it exists.
+async fn wait_for_status(path: std::path::PathBuf) {
+    let started = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no status at {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges() {
+    let o = migrated(400).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let reverse = ["reverse", plan_s, "--state-dir", state_s, "--json"];
+    let mut rng = Rng::from_time();
+    // The application has moved to the target: moves, updates, deletes and
+    // new orders (ids 400..500 are new), while the reverse tail is killed
+    // three times at random points.
+    let app = target_writer(
+        &o.env,
+        &o.plan,
+        &o.target,
+        (0, 500),
+        seeded(400),
+        800,
+        rng.next(),
+    );
+    let kills = async {
+        let mut tail = o.env.spawn(&reverse);
+        for round in 0..3 {
+            wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+            tokio::time::sleep(Duration::from_millis(300 + rng.below(900))).await;
+            tail.kill().unwrap();
+            tail.wait().unwrap();
+            eprintln!("round {round}: reverse tail killed");
+            tail = o.env.spawn(&reverse);
+        }
+        tail.kill().unwrap();
+        tail.wait().unwrap();
+    };
+    let (writes, ()) = tokio::join!(app, kills);
+    eprintln!("the application wrote {writes} changes to the target");
+    let out = o.env.rekey(&[
+        "reverse",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--json",
+        "--exit-when-idle",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        exact(&o).await,
+        (0, 0, 0),
+        "source == inverse(target) after kills"
+    );
+    // status shows both directions.
+    let out = o.env.rekey(&["status", plan_s, "--state-dir", state_s]);
+    let text = stdout(&out);
+    assert!(text.contains("tail      ") && text.contains("reverse   "), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge() {
+    let o = migrated(300).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let idle = |cmd: &'static str| {
+        [
+            cmd,
+            plan_s,
+            "--state-dir",
+            state_s,
+            "--json",
+            "--exit-when-idle",
+            "5",
+        ]
+    };
+    // The reverse tail first, so the forward tail guards from its first write.
+    let reverse = o.env.spawn(&idle("reverse"));
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+    let forward = o.env.spawn(&idle("tail"));
+    let mut rng = Rng::from_time();
+    // Old instances write orders 0..375 to the source, new ones orders
+    // 10000..10100 to the target: disjoint items.
+    let (source_writes, target_writes) = tokio::join!(
+        writer(&o.env, o.source.clone(), 300, 600, rng.next()),
+        target_writer(
+            &o.env,
+            &o.plan,
+            &o.target,
+            (10_000, 100),
+            HashMap::new(),
+            600,
+            rng.next()
+        ),
+    );
+    let (forward, reverse) = tokio::join!(wait_output(forward), wait_output(reverse));
+    let mut tail = tail_writes(&forward) + tail_writes(&reverse);
+    // A tail that went idle while its writer paused: once more, both at once.
+    let (f, r) = tokio::join!(
+        wait_output(o.env.spawn(&idle("tail"))),
+        wait_output(o.env.spawn(&idle("reverse")))
+    );
+    tail += tail_writes(&f) + tail_writes(&r);
+    let app = (source_writes + target_writes) as u64;
+    eprintln!("application writes {app}, tail writes {tail}");
+    // An application write is one item; its replica at most a delete of the
+    // old key and a put of the new. An echo would add more, and never stop.
+    assert!(
+        tail <= 2 * app,
+        "tail writes {tail} > 2 × application writes {app}"
+    );
+    assert_eq!(exact(&o).await, (0, 0, 0), "both tables exact");
+}
