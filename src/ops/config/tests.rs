@@ -100,6 +100,7 @@ fn tail_defaults() -> TailOptions {
         write_rate: None,
         poll_interval: Duration::from_millis(250),
         stop: CancellationToken::new(),
+        flow: crate::phase::tail::Flow::Forward,
     }
 }
 
