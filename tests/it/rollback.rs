@@ -59,6 +59,21 @@ async fn migrated(n: u64) -> Orders {
 /// both ways means target == transform(source) and source == inverse(target).
 async fn exact(o: &Orders) -> (usize, usize, usize) {
     let d = target_vs_transform(&o.env, &o.plan, &o.source, &o.target).await;
+    if d != (0, 0, 0) {
+        let expected = expected_target(&o.plan, &o.env.scan_all(&o.source).await);
+        let names = o.plan.target_key.names();
+        let actual = o.env.table_map(&o.target, &names).await;
+        for (k, v) in &expected {
+            if actual.get(k) != Some(v) {
+                eprintln!("expected {v:?}, target holds {:?}", actual.get(k));
+            }
+        }
+        for (k, v) in &actual {
+            if !expected.contains_key(k) {
+                eprintln!("extra in the target: {v:?}");
+            }
+        }
+    }
     let sources = o.env.scan_all(&o.source).await.len();
     let targets = o.env.scan_all(&o.target).await.len();
     assert_eq!(

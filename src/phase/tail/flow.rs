@@ -110,27 +110,40 @@ pub enum Mapped {
 pub struct Mapper<'p> {
     pub plan: &'p Plan,
     pub flow: Flow,
-    inverter: Option<Inverter<'p>>,
+    inverter: Inverter<'p>,
 }
 
 impl<'p> Mapper<'p> {
     pub fn new(plan: &'p Plan, flow: Flow) -> Mapper<'p> {
-        let inverter = (flow == Flow::Reverse).then(|| Inverter::new(plan));
         Mapper {
             plan,
             flow,
-            inverter,
+            inverter: Inverter::new(plan),
         }
     }
 
+    /// An item of the table read, mapped to the table written.
     pub fn map(&self, item: &Item) -> Mapped {
-        match &self.inverter {
-            None => match transform(self.plan, item) {
+        self.map_as(self.flow, item)
+    }
+
+    /// The key, in the table read, of the item an item of the table written
+    /// comes from (mapped the other way), if it maps.
+    pub fn back_key(&self, written: &Item) -> Option<Item> {
+        match self.map_as(self.flow.other(), written) {
+            Mapped::Put(item) => Some(self.read_key_of(&item)),
+            _ => None,
+        }
+    }
+
+    fn map_as(&self, flow: Flow, item: &Item) -> Mapped {
+        match flow {
+            Flow::Forward => match transform(self.plan, item) {
                 Outcome::Put { item, .. } => Mapped::Put(item),
                 Outcome::Reject(r) => Mapped::Reject(r.to_string()),
                 Outcome::Skip => Mapped::Skip,
             },
-            Some(inv) => match inv.invert(item) {
+            Flow::Reverse => match self.inverter.invert(item) {
                 InverseOutcome::Put { item, .. } => Mapped::Put(item),
                 InverseOutcome::Reject(r) => Mapped::Reject(format!("inverse: {r}")),
                 InverseOutcome::Skip => Mapped::Skip,
