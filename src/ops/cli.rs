@@ -117,6 +117,10 @@ pub enum Command {
     /// Switch on evidence: check the gates, wait while the postpone file exists,
     /// drain, record the cutover and print the next steps.
     Cutover(CutoverArgs),
+    /// The mirror of cutover (needs `rekey reverse` running): check the reverse tail and a
+    /// clean verify, wait while the postpone file exists, drain through the target's stream,
+    /// record the rollback and print the next steps. The forward tail carries on.
+    Rollback(CutoverArgs),
     /// After the application has switched: drain once more, record the end, stop the tail.
     Finish(FinishArgs),
     /// The migration's phase and progress, from what its processes publish (works while they run).

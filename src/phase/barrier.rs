@@ -23,9 +23,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use crate::aws::{Clients, item};
-use crate::core::marker::marker_item;
+use crate::core::marker::marker_item_in;
 use crate::core::plan::Plan;
 use crate::phase::error::InputError;
+use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::snapshot::{self, TailStatus};
 
@@ -49,20 +50,33 @@ pub async fn drain(
     plan: &Plan,
     opts: &DrainOptions,
 ) -> anyhow::Result<DrainReport> {
+    drain_flow(clients, plan, opts, Flow::Forward).await
+}
+
+/// A drain barrier through the stream `flow` reads: the marker goes into that
+/// table (the target's for a rollback, in its key schema), and that
+/// direction's tail reports it.
+pub async fn drain_flow(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &DrainOptions,
+    flow: Flow,
+) -> anyhow::Result<DrainReport> {
     let id = format!(
         "{}-{:08x}",
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
         rand_u32()
     );
-    let marker = marker_item(plan, &id).map_err(InputError)?;
+    let table = flow.read_table(plan);
+    let marker = marker_item_in(flow.read_key(plan), table, &id).map_err(InputError)?;
     let started = std::time::Instant::now();
-    item::put_item(clients, &plan.source_table, &marker)
+    item::put_item(clients, table, &marker)
         .await
         .context("writing the drain marker")?;
-    item::delete_item(clients, &plan.source_table, &marker)
+    item::delete_item(clients, table, &marker)
         .await
         .context("deleting the drain marker")?;
-    let status = opts.state_dir.tail_snapshot();
+    let status = flow.snapshot(&opts.state_dir);
     loop {
         if let Some(s) = snapshot::read::<TailStatus>(&status)?
             && s.barriers.get(&id).is_some_and(|b| b.complete_at.is_some())

@@ -10,6 +10,7 @@
 //! <dir>/verify/                   verify's store, result.json, mismatches.jsonl, …
 //! <dir>/backfill.json             the backfill's snapshot
 //! <dir>/cutover.json              the cutover record
+//! <dir>/rollback.json             the last rollback's record
 //! <dir>/analyze.json              `rekey run`'s analyze verdict
 //! <dir>/backfill.done             marker: the backfill is complete (the tail applies)
 //! <dir>/finished                  marker: `rekey finish` ran (the tail stops)
@@ -88,6 +89,11 @@ impl StateDir {
 
     pub fn cutover_record(&self) -> PathBuf {
         self.0.join("cutover.json")
+    }
+
+    /// The last rollback's record (`rekey rollback`).
+    pub fn rollback_record(&self) -> PathBuf {
+        self.0.join("rollback.json")
     }
 
     pub fn analyze_verdict(&self) -> PathBuf {

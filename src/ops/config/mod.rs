@@ -96,6 +96,7 @@ pub enum Command {
     Run(Planned<RunOptions>),
     Drain(Planned<DrainOptions>),
     Cutover(Planned<CutoverOptions>),
+    Rollback(Planned<CutoverOptions>),
     Finish(Planned<FinishOptions>),
     Status(Planned<StateDir>),
     Control(Planned<ControlChange>),
@@ -244,6 +245,10 @@ fn command_and_output(
         C::Run(a) => (run(&a)?, output(a.json, true)),
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
         C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
+        C::Rollback(a) => (
+            Command::Rollback(switch_options(&a)?),
+            output(a.json, false),
+        ),
         C::Finish(a) => (finish(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
         C::Control(a) => (control(&a)?, no_progress(a.json)),
@@ -469,6 +474,11 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
 }
 
 fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
+    Ok(Command::Cutover(switch_options(a)?))
+}
+
+/// `cutover` and `rollback` take the same options.
+fn switch_options(a: &cli::CutoverArgs) -> anyhow::Result<Planned<CutoverOptions>> {
     let plan = Plan::load(&a.plan)?;
     let state_dir = state_dir(&a.plan, &a.state);
     let options = CutoverOptions {
@@ -483,7 +493,7 @@ fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
         wait: seconds("--wait", a.wait)?,
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
     };
-    Ok(Command::Cutover(Planned { plan, options }))
+    Ok(Planned { plan, options })
 }
 
 fn finish(a: &cli::FinishArgs) -> anyhow::Result<Command> {
