@@ -289,3 +289,137 @@ async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge
     );
     assert_eq!(exact(&o).await, (0, 0, 0), "both tables exact");
 }
+
+/// Order id → status of every order in `table` (the source), for the target
+/// writer to start from.
+async fn statuses(env: &TestEnv, table: &str) -> HashMap<u64, &'static str> {
+    env.scan_all(table)
+        .await
+        .iter()
+        .map(|i| {
+            let Some(rekey::core::value::Value::S(pk)) = i.get("PK") else {
+                panic!("{i:?}")
+            };
+            let Some(rekey::core::value::Value::S(st)) = i.get("status") else {
+                panic!("{i:?}")
+            };
+            let status = STATUSES.iter().find(|s| *s == st).unwrap();
+            (pk.trim_start_matches("O#").parse().unwrap(), *status)
+        })
+        .collect()
+}
+
+/// kill -9 of a long-running tail at a random point while `writes` run, and
+/// a new one started in its place.
+async fn kill_during<F: std::future::Future>(
+    env: &TestEnv,
+    tail: &mut std::process::Child,
+    args: &[&str],
+    rng: &mut Rng,
+    writes: F,
+) -> F::Output {
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(500 + rng.below(1500))).await;
+        tail.kill().unwrap();
+        tail.wait().unwrap();
+        *tail = env.spawn(args);
+    };
+    let (out, ()) = tokio::join!(writes, kill);
+    out
+}
+
+/// Runs a switching command: its exit code and output.
+fn switch(o: &Orders, cmd: &str) -> (i32, String) {
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let out = o.env.rekey(&[
+        cmd,
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--wait",
+        "60",
+        "--drain-timeout",
+        "60",
+    ]);
+    (
+        out.status.code().unwrap_or(-1),
+        format!("{}{}", stdout(&out), stderr(&out)),
+    )
+}
+
+fn verify_clean(o: &Orders) {
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let out = o
+        .env
+        .rekey(&["verify", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "verify: {}", stdout(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
+    let o = migrated(300).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let forward_args = ["tail", plan_s, "--state-dir", state_s, "--json"];
+    let reverse_args = ["reverse", plan_s, "--state-dir", state_s, "--json"];
+    let mut rng = Rng::from_time();
+    let mut reverse = o.env.spawn(&reverse_args);
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+    let mut forward = o.env.spawn(&forward_args);
+    verify_clean(&o);
+
+    // 1. The application writes the source; the forward tail is killed once.
+    let seed1 = rng.next();
+    let n = kill_during(
+        &o.env,
+        &mut forward,
+        &forward_args,
+        &mut rng,
+        writer(&o.env, o.source.clone(), 300, 400, seed1),
+    )
+    .await;
+    eprintln!("source writes: {n}");
+    let (code, text) = switch(&o, "cutover");
+    assert_eq!(code, 0, "cutover: {text}");
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact after the cutover");
+
+    // 2. The application moves to the target; the reverse tail is killed once.
+    let held = statuses(&o.env, &o.source).await;
+    let seed2 = rng.next();
+    let n = kill_during(
+        &o.env,
+        &mut reverse,
+        &reverse_args,
+        &mut rng,
+        target_writer(&o.env, &o.plan, &o.target, (0, 375), held, 400, seed2),
+    )
+    .await;
+    eprintln!("target writes: {n}");
+    verify_clean(&o);
+    let (code, text) = switch(&o, "rollback");
+    assert_eq!(code, 0, "rollback: {text}");
+    assert!(text.contains("Rolled back at"), "{text}");
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact after the rollback");
+
+    // 3. Back on the source; the forward tail is killed again; cut over again.
+    let seed3 = rng.next();
+    let n = kill_during(
+        &o.env,
+        &mut forward,
+        &forward_args,
+        &mut rng,
+        writer(&o.env, o.source.clone(), 300, 400, seed3),
+    )
+    .await;
+    eprintln!("source writes: {n}");
+    verify_clean(&o);
+    let (code, text) = switch(&o, "cutover");
+    assert_eq!(code, 0, "cutover again: {text}");
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact after the second cutover");
+
+    // `finish` ends both directions.
+    let out = o.env.rekey(&["finish", plan_s, "--state-dir", state_s]);
+    assert!(out.status.success(), "finish: {}", stdout(&out));
+    let (f, r) = tokio::join!(wait_output(forward), wait_output(reverse));
+    assert!(f.status.success() && r.status.success(), "both tails end");
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+}
