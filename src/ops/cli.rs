@@ -170,6 +170,10 @@ pub enum PolicyCommandArg {
     Verify,
     Drain,
     Cutover,
+    /// `rekey reverse`, the rollback's reverse tail.
+    Reverse,
+    /// `rekey rollback`.
+    Rollback,
     /// backfill, tail, verify, drain and cutover.
     All,
 }

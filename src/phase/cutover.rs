@@ -114,28 +114,30 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
         )
     } else {
         gate(
-        "backfill complete",
-        e.backfill_done,
-        match (&e.backfill, e.backfill_done) {
-            (Some(b), true) => format!(
-                "{} scanned, {} written, {} rejected, {} skipped",
-                b.scanned, b.written, b.rejected, b.skipped
-            ),
-            (_, true) => "backfill.done present".into(),
-            (Some(b), false) => format!(
-                "still running: {} of ~{} scanned",
-                b.scanned, b.expected_items
-            ),
-            (None, false) => "not started".into(),
-        },
-    )
+            "backfill complete",
+            e.backfill_done,
+            match (&e.backfill, e.backfill_done) {
+                (Some(b), true) => format!(
+                    "{} scanned, {} written, {} rejected, {} skipped",
+                    b.scanned, b.written, b.rejected, b.skipped
+                ),
+                (_, true) => "backfill.done present".into(),
+                (Some(b), false) => format!(
+                    "still running: {} of ~{} scanned",
+                    b.scanned, b.expected_items
+                ),
+                (None, false) => "not started".into(),
+            },
+        )
     };
     let tail = match &e.tail {
         None => gate(tail_gate, false, format!("`{tail_cmd}` has never run")),
         Some(_) if !e.tail_running => gate(
             tail_gate,
             false,
-            format!("it is not running; start `{tail_cmd}` (it must keep running through the switch)"),
+            format!(
+                "it is not running; start `{tail_cmd}` (it must keep running through the switch)"
+            ),
         ),
         Some(t) => {
             let stale = (now - t.updated_at).num_seconds() > 30;
@@ -504,6 +506,8 @@ mod tests {
 
     fn ready(now: chrono::DateTime<chrono::Utc>) -> Evidence {
         Evidence {
+            flow: Flow::Forward,
+            cut_over: false,
             backfill_done: true,
             backfill: None,
             tail: Some(TailStatus {
@@ -533,6 +537,35 @@ mod tests {
 
     fn failing(g: &[Gate]) -> Vec<String> {
         g.iter().filter(|g| !g.ok).map(|g| g.name.clone()).collect()
+    }
+
+    #[test]
+    fn a_rollback_needs_a_cutover_and_the_reverse_tail_caught_up() {
+        let now = chrono::Utc::now();
+        let back = Evidence {
+            flow: Flow::Reverse,
+            cut_over: true,
+            backfill_done: false,
+            ..ready(now)
+        };
+        assert!(failing(&gates(&back, &opts(), now)).is_empty());
+        let none = Evidence {
+            cut_over: false,
+            ..back.clone()
+        };
+        assert_eq!(failing(&gates(&none, &opts(), now)), ["cut over"]);
+        let behind = Evidence {
+            tail: Some(TailStatus {
+                updated_at: now,
+                lag_seconds: Some(60.0),
+                ..Default::default()
+            }),
+            ..back
+        };
+        assert_eq!(
+            failing(&gates(&behind, &opts(), now)),
+            ["reverse tail caught up"]
+        );
     }
 
     #[test]

@@ -161,7 +161,9 @@ impl Echoes {
         };
         loop {
             let mut text = String::new();
-            let n = r.read_line(&mut text).context("cannot read the echo ledger")?;
+            let n = r
+                .read_line(&mut text)
+                .context("cannot read the echo ledger")?;
             if n == 0 {
                 break;
             }

@@ -234,7 +234,10 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
     // status shows both directions.
     let out = o.env.rekey(&["status", plan_s, "--state-dir", state_s]);
     let text = stdout(&out);
-    assert!(text.contains("tail      ") && text.contains("reverse   "), "{text}");
+    assert!(
+        text.contains("tail      ") && text.contains("reverse   "),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

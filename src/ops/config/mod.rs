@@ -402,13 +402,10 @@ fn tail(a: &cli::TailArgs, flow: Flow) -> anyhow::Result<Command> {
         .map(|s| seconds("--exit-when-idle", s))
         .transpose()?;
     let options = TailOptions {
-        rejects: a
-            .rejects
-            .clone()
-            .unwrap_or_else(|| match flow {
-                Flow::Forward => state_dir.tail_rejects(),
-                Flow::Reverse => state_dir.reverse_rejects(),
-            }),
+        rejects: a.rejects.clone().unwrap_or_else(|| match flow {
+            Flow::Forward => state_dir.tail_rejects(),
+            Flow::Reverse => state_dir.reverse_rejects(),
+        }),
         exit_when_idle,
         write_rate: a.write_rate,
         flow,
@@ -567,6 +564,8 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Verify => commands.push(P::Verify),
             PolicyCommandArg::Drain => commands.push(P::Drain),
             PolicyCommandArg::Cutover => commands.push(P::Cutover),
+            PolicyCommandArg::Reverse => commands.push(P::Reverse),
+            PolicyCommandArg::Rollback => commands.push(P::Rollback),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }

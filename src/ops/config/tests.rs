@@ -44,7 +44,7 @@ fn options(c: &Command) -> String {
         Command::Verify(p) => format!("{:?}", p.options),
         Command::Run(p) => format!("{:?}", p.options),
         Command::Drain(p) => format!("{:?}", p.options),
-        Command::Cutover(p) => format!("{:?}", p.options),
+        Command::Cutover(p) | Command::Rollback(p) => format!("{:?}", p.options),
         Command::Finish(p) => format!("{:?}", p.options),
         Command::Status(p) => format!("{:?}", p.options),
         Command::Control(p) => format!("{:?}", p.options),

@@ -203,8 +203,15 @@ impl Tail<'_> {
         } else if self.guarded() {
             self.open_echoes()?;
             let echoes = self.echoes.as_mut().expect("opened above");
-            guard::apply_guarded(self.clients, &self.mapper, &self.control, &changes, &lanes, echoes)
-                .await?
+            guard::apply_guarded(
+                self.clients,
+                &self.mapper,
+                &self.control,
+                &changes,
+                &lanes,
+                echoes,
+            )
+            .await?
         } else {
             let reduced = reduce(&self.mapper, &changes, &lanes);
             let table = self.opts.flow.write_table(self.plan);

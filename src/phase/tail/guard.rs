@@ -142,7 +142,16 @@ pub(super) async fn apply_guarded(
                     continue;
                 }
             };
-            write_one(clients, m, control, echoes, (target, (i, a)), &key, &mut tally).await?;
+            write_one(
+                clients,
+                m,
+                control,
+                echoes,
+                (target, (i, a)),
+                &key,
+                &mut tally,
+            )
+            .await?;
         }
     }
     Ok(tally)
@@ -172,7 +181,10 @@ async fn write_one(
     match check(wanted, held.as_ref(), same_item) {
         Check::InSync => tally.in_sync += 1,
         Check::Conflict => {
-            tracing::info!(table = write_table, "guarded tail: conflict, delete not made");
+            tracing::info!(
+                table = write_table,
+                "guarded tail: conflict, delete not made"
+            );
             tally.conflicts += 1;
         }
         Check::Write => {
@@ -184,7 +196,12 @@ async fn write_one(
                 puts: put,
                 deletes: 1 - put,
             };
-            match write_batch(clients, write_table, control, &[f]).await?.into_iter().next().flatten() {
+            match write_batch(clients, write_table, control, &[f])
+                .await?
+                .into_iter()
+                .next()
+                .flatten()
+            {
                 None => {
                     tally.puts += put;
                     tally.deletes += 1 - put;

@@ -339,7 +339,9 @@ pub async fn run(
 fn source_stream(info: &TableInfo, flow: Flow) -> anyhow::Result<String> {
     let when = match flow {
         Flow::Forward => "before the backfill starts",
-        Flow::Reverse => "before the cutover (the reverse tail replicates the target's writes back to the source from then on)",
+        Flow::Reverse => {
+            "before the cutover (the reverse tail replicates the target's writes back to the source from then on)"
+        }
     };
     match &info.stream {
         Some(s) if s.view == "NEW_AND_OLD_IMAGES" => Ok(s.arn.clone()),
