@@ -370,6 +370,10 @@ pub struct DrainArgs {
     /// Give up (exit 3) after this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
+    /// Through the target's stream and the reverse tail (`rekey reverse`): every write made
+    /// to the target before now is in the source.
+    #[arg(long)]
+    pub reverse: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -34,10 +34,15 @@ use crate::state::snapshot::{self, TailStatus};
 pub struct DrainOptions {
     pub state_dir: StateDir,
     pub timeout: Duration,
+    /// Through the source's stream and the forward tail (`drain`, cutover),
+    /// or the target's and the reverse tail (`drain --reverse`, rollback).
+    pub flow: Flow,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DrainReport {
+    /// "tail" or "reverse tail": whose barrier.
+    pub direction: &'static str,
     pub barrier: String,
     pub complete: bool,
     pub waited_seconds: f64,
@@ -45,23 +50,15 @@ pub struct DrainReport {
 
 /// Write a marker into the source, delete it, and wait until the tail reports
 /// the barrier complete. `complete: false` when the timeout passed first.
+///
+/// Backwards (`opts.flow`), the marker goes into the target, in its key
+/// schema, and the reverse tail reports it.
 pub async fn drain(
     clients: &Clients,
     plan: &Plan,
     opts: &DrainOptions,
 ) -> anyhow::Result<DrainReport> {
-    drain_flow(clients, plan, opts, Flow::Forward).await
-}
-
-/// A drain barrier through the stream `flow` reads: the marker goes into that
-/// table (the target's for a rollback, in its key schema), and that
-/// direction's tail reports it.
-pub async fn drain_flow(
-    clients: &Clients,
-    plan: &Plan,
-    opts: &DrainOptions,
-    flow: Flow,
-) -> anyhow::Result<DrainReport> {
+    let flow = opts.flow;
     let id = format!(
         "{}-{:08x}",
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
@@ -82,6 +79,7 @@ pub async fn drain_flow(
             && s.barriers.get(&id).is_some_and(|b| b.complete_at.is_some())
         {
             return Ok(DrainReport {
+                direction: flow.tail_name(),
                 barrier: id,
                 complete: true,
                 waited_seconds: started.elapsed().as_secs_f64(),
@@ -89,6 +87,7 @@ pub async fn drain_flow(
         }
         if started.elapsed() >= opts.timeout {
             return Ok(DrainReport {
+                direction: flow.tail_name(),
                 barrier: id,
                 complete: false,
                 waited_seconds: started.elapsed().as_secs_f64(),
@@ -106,6 +105,6 @@ fn rand_u32() -> u32 {
 }
 
 /// Whether a status file exists at all: `drain` says so when no tail runs.
-pub fn tail_has_run(state_dir: &StateDir) -> bool {
-    state_dir.tail_snapshot().exists()
+pub fn tail_has_run(state_dir: &StateDir, flow: Flow) -> bool {
+    flow.snapshot(state_dir).exists()
 }

@@ -330,14 +330,14 @@ async fn switch(
         },
         flow.read_role()
     ));
-    let drain = barrier::drain_flow(
+    let drain = barrier::drain(
         clients,
         plan,
         &DrainOptions {
             state_dir: opts.state_dir.clone(),
             timeout: opts.drain_timeout,
+            flow,
         },
-        flow,
     )
     .await?;
     if !drain.complete {
@@ -445,6 +445,7 @@ pub async fn finish(
         &DrainOptions {
             state_dir: state_dir.clone(),
             timeout: drain_timeout,
+            flow: Flow::Forward,
         },
     )
     .await?;
@@ -458,14 +459,14 @@ pub async fn finish(
     // A reverse tail still running is drained too: both directions end.
     let reverse: Option<TailStatus> = snapshot::read(&state_dir.reverse_snapshot())?;
     if reverse.is_some_and(|r| !r.stopped && snapshot::alive(r.pid)) {
-        let back = barrier::drain_flow(
+        let back = barrier::drain(
             clients,
             plan,
             &DrainOptions {
                 state_dir: state_dir.clone(),
                 timeout: drain_timeout,
+                flow: Flow::Reverse,
             },
-            Flow::Reverse,
         )
         .await?;
         if !back.complete {

@@ -340,6 +340,7 @@ async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> any
     let drain_opts = DrainOptions {
         state_dir: opts.state_dir.clone(),
         timeout: opts.drain_timeout,
+        flow: Flow::Forward,
     };
     // Waiting for a barrier holds nothing: a stop may cut it short.
     let drain = tokio::select! {

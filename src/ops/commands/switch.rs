@@ -14,7 +14,7 @@ use crate::state::snapshot::show_time;
 /// `rekey drain`: a barrier through the running tail.
 pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
-    if !barrier::tail_has_run(&options.state_dir) {
+    if !barrier::tail_has_run(&options.state_dir, options.flow) {
         eprintln!(
             "note: no tail has published status under {} yet; waiting for one to start",
             options.state_dir.display()
@@ -33,13 +33,13 @@ pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Res
 fn drain_text(report: &DrainReport) -> String {
     if report.complete {
         format!(
-            "drained: the tail applied every source write made before barrier {} ({:.1} s)\n",
-            report.barrier, report.waited_seconds
+            "drained: the {} applied every write made before barrier {} ({:.1} s)\n",
+            report.direction, report.barrier, report.waited_seconds
         )
     } else {
         format!(
-            "not drained: the tail did not report barrier {} within {:.0} s — is `rekey tail` running and keeping up?\n",
-            report.barrier, report.waited_seconds
+            "not drained: the {} did not report barrier {} within {:.0} s — is it running and keeping up?\n",
+            report.direction, report.barrier, report.waited_seconds
         )
     }
 }

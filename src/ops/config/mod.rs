@@ -466,6 +466,11 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
     let options = DrainOptions {
         state_dir: state_dir(&a.plan, &a.state),
         timeout: seconds("--timeout", a.timeout)?,
+        flow: if a.reverse {
+            Flow::Reverse
+        } else {
+            Flow::Forward
+        },
     };
     Ok(Command::Drain(Planned { plan, options }))
 }

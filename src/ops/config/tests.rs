@@ -315,6 +315,15 @@ fn other_cases() -> Vec<(&'static str, String)> {
             dbg(DrainOptions {
                 state_dir: state(),
                 timeout: secs(300),
+                flow: crate::phase::tail::Flow::Forward,
+            }),
+        ),
+        (
+            "drain PLAN --reverse",
+            dbg(DrainOptions {
+                state_dir: state(),
+                timeout: secs(300),
+                flow: crate::phase::tail::Flow::Reverse,
             }),
         ),
         ("cutover PLAN", dbg(cutover_defaults())),

@@ -63,6 +63,14 @@ impl Flow {
         }
     }
 
+    /// "tail" or "reverse tail", for messages.
+    pub fn tail_name(self) -> &'static str {
+        match self {
+            Flow::Forward => "tail",
+            Flow::Reverse => "reverse tail",
+        }
+    }
+
     /// The direction's own sled store.
     pub fn store(self, dir: &StateDir) -> PathBuf {
         match self {
