@@ -426,3 +426,67 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     assert!(f.status.success() && r.status.success(), "both tails end");
     assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
 }
+
+/// The phase `rekey status --json` reports.
+fn phase(o: &Orders) -> serde_json::Value {
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let out = o
+        .env
+        .rekey(&["status", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "status: {}", stderr(&out));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["phase"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_streamed_table(&target, &pk_sk()).await;
+    env.put(&source, &seed(200)).await;
+    let (plan_path, plan) = orders_by_status(&source, &target).write(&env);
+    let state = env.dir.path().join("state");
+    let o = Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        state,
+    };
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let run = o
+        .env
+        .spawn(&["run", plan_s, "--state-dir", state_s, "--skip-analyze", "--json"]);
+    let started = std::time::Instant::now();
+    while phase(&o) != "ready_for_cutover" {
+        assert!(started.elapsed() < Duration::from_secs(120), "never ready");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let reverse = rekey::state::StateDir::new(&o.state).reverse_snapshot();
+    assert!(!reverse.exists(), "no reverse tail before the cutover");
+    let (code, text) = switch(&o, "cutover");
+    assert_eq!(code, 0, "cutover: {text}");
+    wait_for_status(reverse).await;
+
+    // The application writes the target; the run's reverse tail carries it back.
+    let held = statuses(&o.env, &o.source).await;
+    let seed = Rng::from_time().next();
+    target_writer(&o.env, &o.plan, &o.target, (0, 250), held, 200, seed).await;
+    let (code, text) = switch(&o, "rollback");
+    assert_eq!(code, 0, "rollback: {text}");
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact after the rollback");
+    let out = o.env.rekey(&["status", plan_s, "--state-dir", state_s]);
+    assert!(stdout(&out).contains("reverse   "), "{}", stdout(&out));
+
+    // `finish` needs a cutover: cut over again, then finish ends both, and run exits 0.
+    verify_clean(&o);
+    let (code, text) = switch(&o, "cutover");
+    assert_eq!(code, 0, "cutover again: {text}");
+    let out = o.env.rekey(&["finish", plan_s, "--state-dir", state_s]);
+    assert!(out.status.success(), "finish: {}", stdout(&out));
+    let out = wait_output(run).await;
+    assert!(out.status.success(), "run: {}", stderr(&out));
+    assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+}
