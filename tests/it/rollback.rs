@@ -456,9 +456,14 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
         state,
     };
     let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
-    let run = o
-        .env
-        .spawn(&["run", plan_s, "--state-dir", state_s, "--skip-analyze", "--json"]);
+    let run = o.env.spawn(&[
+        "run",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--skip-analyze",
+        "--json",
+    ]);
     let started = std::time::Instant::now();
     while phase(&o) != "ready_for_cutover" {
         assert!(started.elapsed() < Duration::from_secs(120), "never ready");
@@ -489,4 +494,31 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
     let out = wait_output(run).await;
     assert!(out.status.success(), "run: {}", stderr(&out));
     assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reverse_refuses_a_plan_that_does_not_read_back_with_exit_2() {
+    let env = TestEnv::start().await;
+    // The order id is in no target attribute: the target item cannot say
+    // which order it came from.
+    let text = crate::support::plan::PlanText::new("orders", "orders_by_status").rule(
+        crate::support::plan::Rule::new(
+            &[("PK", "O#{id}")],
+            &[("PK", "ST#{@status}"), ("SK", "{@status}")],
+        ),
+    );
+    let (plan_path, _) = text.write(&env);
+    let state = env.dir.path().join("state");
+    let out = env.rekey(&[
+        "reverse",
+        plan_path.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot be replicated back"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -274,13 +274,11 @@ pub async fn run(
     progress: &Progress,
 ) -> anyhow::Result<TailReport> {
     let flow = opts.flow;
+    if flow == Flow::Reverse {
+        reversible(plan)?;
+    }
     let info = clients.describe_table(flow.read_table(plan)).await?;
     info.check_key(flow.read_key(plan), flow.read_role())?;
-    if flow == Flow::Reverse && plan.mode == Mode::InPlace {
-        anyhow::bail!(crate::phase::error::InputError(
-            "the plan is in place: there is no second table to replicate back to (use `rekey undo`)".into()
-        ));
-    }
     let stream = source_stream(&info, flow)?;
     let mut t = Tail::open(clients, plan, opts)?;
     let mut iterators: HashMap<String, String> = HashMap::new();
@@ -333,6 +331,32 @@ pub async fn run(
         return Err(Stopped.into());
     }
     Ok(t.report)
+}
+
+/// The reverse tail needs a second table and a plan whose every rule reads
+/// back (`rekey check` says the same); else a clear error (exit 2), not a
+/// rejects file with every item in it.
+fn reversible(plan: &Plan) -> anyhow::Result<()> {
+    if plan.mode == Mode::InPlace {
+        anyhow::bail!(crate::phase::error::InputError(
+            "the plan is in place: there is no second table to replicate back to (use `rekey undo`)".into()
+        ));
+    }
+    let not: Vec<String> = crate::core::inverse::reversibility(plan)
+        .into_iter()
+        .filter(|r| !r.reversible())
+        .map(|r| {
+            let why: Vec<String> = r.reasons.iter().map(ToString::to_string).collect();
+            format!("rule `{}`: {}", r.rule, why.join("; "))
+        })
+        .collect();
+    if !not.is_empty() {
+        anyhow::bail!(crate::phase::error::InputError(format!(
+            "the plan cannot be replicated back, so it cannot be rolled back: {} (`rekey check` says what to change)",
+            not.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// The stream ARN of the table read, or why the tail cannot follow it.
