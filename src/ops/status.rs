@@ -99,6 +99,9 @@ pub fn render(r: &StatusReport) -> String {
         "rejects   {} from the backfill, {} from the tail, {} from the reverse tail",
         r.rejects.backfill, r.rejects.tail, r.rejects.reverse
     );
+    if let Some(b) = &r.rollback {
+        let _ = writeln!(out, "rollback  {}", sorted_json(b));
+    }
     if let Some(c) = &r.cutover {
         let _ = writeln!(out, "cutover   {}", sorted_json(c));
     }

@@ -373,6 +373,8 @@ pub struct StatusReport {
     pub reverse: Option<TailStatus>,
     pub verify: Option<VerifyResult>,
     pub cutover: Option<CutoverRecord>,
+    /// The last rollback (`rekey rollback`), if any.
+    pub rollback: Option<CutoverRecord>,
     pub rejects: Rejects,
 }
 
@@ -438,6 +440,7 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
     let reverse: Option<TailStatus> = read(&state_dir.reverse_snapshot())?;
     let verify: Option<VerifyResult> = read(&state_dir.verify_snapshot())?;
     let cutover: Option<CutoverRecord> = read(&state_dir.cutover_record())?;
+    let rollback: Option<CutoverRecord> = read(&state_dir.rollback_record())?;
     let backfill_done = state_dir.is_backfill_done();
     let mut drivers = Vec::new();
     if let Some(b) = &backfill {
@@ -484,6 +487,7 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
         reverse,
         verify,
         cutover,
+        rollback,
     })
 }
 
