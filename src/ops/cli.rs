@@ -358,6 +358,10 @@ pub struct VerifyArgs {
     /// Verify a random P% of source items (the same ones every run), forward only.
     #[arg(long, value_name = "P")]
     pub sample: Option<f64>,
+    /// The rollback's check: the source against inverse(target) — every target item read back
+    /// by the plan's inverse is exactly in the source, every source item is read back from one.
+    #[arg(long)]
+    pub reverse: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -238,6 +238,49 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
         text.contains("tail      ") && text.contains("reverse   "),
         "{text}"
     );
+
+    // verify --reverse: clean now; then a source item changed behind the
+    // tails' back, and one whose target item is gone, are reported.
+    let reverse_verify = [
+        "verify",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--reverse",
+        "--json",
+    ];
+    let out = o.env.rekey(&reverse_verify);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let sources = o.env.scan_all(&o.source).await;
+    let mut changed = sources[0].clone();
+    changed.insert("v".into(), rekey::core::value::Value::N("-1".into()));
+    o.env.put(&o.source, &[changed]).await;
+    let gone = match transform(&o.plan, &sources[1]) {
+        Outcome::Put { item, .. } => item,
+        other => panic!("{other:?}"),
+    };
+    let key = rekey::aws::to_sdk_item(&gone);
+    o.env
+        .clients
+        .dynamodb
+        .delete_item()
+        .table_name(&o.target)
+        .key("PK", key["PK"].clone())
+        .key("SK", key["SK"].clone())
+        .send()
+        .await
+        .unwrap();
+    let out = o.env.rekey(&reverse_verify);
+    assert_eq!(out.status.code(), Some(4), "{}", stdout(&out));
+    let r = report(&out);
+    assert_eq!(
+        (
+            r["counts"]["different"].as_u64(),
+            r["counts"]["orphans"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{r}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,12 +393,13 @@ fn switch(o: &Orders, cmd: &str) -> (i32, String) {
     )
 }
 
-fn verify_clean(o: &Orders) {
+/// `rekey verify` (with `--reverse`: the source against inverse(target)) is clean.
+fn verify_clean(o: &Orders, extra: &[&str]) {
     let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
-    let out = o
-        .env
-        .rekey(&["verify", plan_s, "--state-dir", state_s, "--json"]);
-    assert!(out.status.success(), "verify: {}", stdout(&out));
+    let mut args = vec!["verify", plan_s, "--state-dir", state_s, "--json"];
+    args.extend(extra);
+    let out = o.env.rekey(&args);
+    assert!(out.status.success(), "verify {extra:?}: {}", stdout(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +412,7 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     let mut reverse = o.env.spawn(&reverse_args);
     wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
     let mut forward = o.env.spawn(&forward_args);
-    verify_clean(&o);
+    verify_clean(&o, &[]);
 
     // 1. The application writes the source; the forward tail is killed once.
     let seed1 = rng.next();
@@ -397,7 +441,7 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     )
     .await;
     eprintln!("target writes: {n}");
-    verify_clean(&o);
+    verify_clean(&o, &["--reverse"]);
     let (code, text) = switch(&o, "rollback");
     assert_eq!(code, 0, "rollback: {text}");
     assert!(text.contains("Rolled back at"), "{text}");
@@ -414,7 +458,7 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     )
     .await;
     eprintln!("source writes: {n}");
-    verify_clean(&o);
+    verify_clean(&o, &[]);
     let (code, text) = switch(&o, "cutover");
     assert_eq!(code, 0, "cutover again: {text}");
     assert_eq!(exact(&o).await, (0, 0, 0), "exact after the second cutover");
@@ -486,7 +530,7 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
     assert!(stdout(&out).contains("reverse   "), "{}", stdout(&out));
 
     // `finish` needs a cutover: cut over again, then finish ends both, and run exits 0.
-    verify_clean(&o);
+    verify_clean(&o, &[]);
     let (code, text) = switch(&o, "cutover");
     assert_eq!(code, 0, "cutover again: {text}");
     let out = o.env.rekey(&["finish", plan_s, "--state-dir", state_s]);

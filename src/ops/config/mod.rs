@@ -362,6 +362,7 @@ fn verify_options(
         restart: false,
         repair: false,
         sample: None,
+        reverse: false,
         max_retries: MAX_RETRIES,
         stop: CancellationToken::new(),
     })
@@ -431,8 +432,21 @@ fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
         restart: a.restart,
         repair: a.repair,
         sample: a.sample,
+        reverse: a.reverse,
         ..verify_options(&state_dir, &a.scan, a.recheck_timeout)?
     };
+    if a.reverse && plan.mode == crate::core::plan::Mode::InPlace {
+        return Err(InputError(
+            "--reverse: an in-place plan has no second table to read back".into(),
+        )
+        .into());
+    }
+    if a.reverse && (a.repair || a.sample.is_some()) {
+        return Err(InputError(
+            "--reverse checks every item and repairs nothing: drop --repair and --sample".into(),
+        )
+        .into());
+    }
     Ok(Command::Verify(Planned { plan, options }))
 }
 

@@ -118,6 +118,7 @@ fn verify_defaults() -> VerifyOptions {
         restart: false,
         repair: false,
         sample: None,
+        reverse: false,
         max_retries: 10,
         stop: CancellationToken::new(),
     }
@@ -278,6 +279,13 @@ fn copy_cases() -> Vec<(&'static str, String)> {
                 restart: true,
                 repair: true,
                 sample: Some(100.0),
+                ..verify_defaults()
+            }),
+        ),
+        (
+            "verify PLAN --reverse",
+            dbg(VerifyOptions {
+                reverse: true,
                 ..verify_defaults()
             }),
         ),

@@ -276,6 +276,7 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             restart: false,
             repair: false,
             sample: None,
+            reverse: false,
             max_retries: 10,
             stop: stop.clone(),
         },
