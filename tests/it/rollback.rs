@@ -566,3 +566,75 @@ async fn reverse_refuses_a_plan_that_does_not_read_back_with_exit_2() {
         stderr(&out)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_items_written_on_both_sides_converge_to_one_write_on_both() {
+    let o = migrated(60).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let idle = |cmd: &'static str| {
+        [
+            cmd,
+            plan_s,
+            "--state-dir",
+            state_s,
+            "--json",
+            "--exit-when-idle",
+            "4",
+        ]
+    };
+    let reverse = o.env.spawn(&idle("reverse"));
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+    let forward = o.env.spawn(&idle("tail"));
+    // Orders 0..60 written at once on both sides, each side its own value
+    // (same status: same target key).
+    let status = |id: u64| STATUSES[(id % 3) as usize];
+    let on_source = async {
+        for id in 0..60 {
+            o.env
+                .put(&o.source, &[order(id, status(id), 100_000 + id)])
+                .await;
+        }
+    };
+    let on_target = async {
+        for id in 0..60 {
+            let Outcome::Put { item, .. } =
+                transform(&o.plan, &order(id, status(id), 200_000 + id))
+            else {
+                panic!()
+            };
+            o.env.put(&o.target, &[item]).await;
+        }
+    };
+    tokio::join!(on_source, on_target);
+    // No ping-pong: both tails go idle and exit.
+    let (f, r) = tokio::join!(wait_output(forward), wait_output(reverse));
+    let tail = tail_writes(&f) + tail_writes(&r);
+    assert!(
+        tail <= 2 * 120,
+        "tail writes {tail} for 120 application writes"
+    );
+
+    // Each order ends as one of the two writes, the same on both sides
+    // (the source's, unless the target's reached the source first), and
+    // verify, both ways, finds nothing.
+    let v_of = |i: &Item| match i.get("v") {
+        Some(rekey::core::value::Value::N(n)) => n.parse::<u64>().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let by_id = |items: Vec<Item>| -> HashMap<u64, u64> {
+        items.iter().map(|i| (v_of(i) % 100_000, v_of(i))).collect()
+    };
+    let source = by_id(o.env.scan_all(&o.source).await);
+    let target = by_id(o.env.scan_all(&o.target).await);
+    let from_source = (0..60).filter(|id| source[id] == 100_000 + id).count();
+    eprintln!("{from_source} of 60 orders ended as the source's write");
+    for id in 0..60 {
+        assert!([100_000 + id, 200_000 + id].contains(&source[&id]));
+        assert_eq!(source[&id], target[&id], "order {id}");
+    }
+    assert_eq!(exact(&o).await, (0, 0, 0));
+    let out = o
+        .env
+        .rekey(&["verify", plan_s, "--state-dir", state_s, "--json"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}

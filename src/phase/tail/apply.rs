@@ -210,6 +210,7 @@ impl Tail<'_> {
                 &changes,
                 &lanes,
                 echoes,
+                &self.store,
             )
             .await?
         } else {

@@ -18,16 +18,20 @@
 //!    state: only the record's delete of an old key is applied (what the item
 //!    maps to now is not there), never its old put. Replaying an item changed
 //!    back and forth (A → B → A) therefore never writes B.
-//! 3. **Nothing already held, no other item deleted.** A put equal to what
-//!    the table written holds is not made (`in_sync`); a delete is made only
-//!    if the key holds a version of the same item (mapped back, it has the
-//!    key of the item the record changed) — anything else there is another
-//!    item (a collision) and is counted as a `conflict`, not deleted.
-//!
-//! The same item written on both sides in the window (issue 13, item 4): each
-//! tail applies the write it reads while it is still current on its side, so
-//! the write applied last to both tables wins — in practice the later one;
-//! README, "Rolling back", says which and how `verify` reports what is left.
+//! 3. **Nothing already held.** A put equal to what the table written holds
+//!    is not made (`in_sync`).
+//! 4. **The source wins a conflict.** The reverse tail writes the source only
+//!    where the source still holds what the record's old image reads back to
+//!    (or what an image of an earlier, stale record of the same target item
+//!    reads back to: kept in `tail/pending/` in its store, so kill -9 keeps
+//!    them): a source
+//!    item written since by the application is a `conflict` and is left as
+//!    it is — the forward tail carries it to the target, over the target's
+//!    write. The forward tail writes regardless (a delete only of a version
+//!    of the same item). So an item written on both sides in the window ends
+//!    as the source's write on both tables, whole, with no ping-pong: the
+//!    source is the table of record until `rekey finish`, and a rollback must
+//!    never lose what the old application wrote.
 //!
 //! Records are applied one at a time in stream order (two target keys of one
 //! source item, a move, touch one source key), each write acknowledged
@@ -65,17 +69,26 @@ pub(super) enum Check {
     Conflict,
 }
 
+/// What a write may replace, besides what it would write.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Replaces<'a> {
+    /// Forwards: anything for a put; for a delete, only a version of the
+    /// same item (what is held maps back to the key of the item changed).
+    Forward { same_item: bool },
+    /// Backwards: only what the record's (or a pending) old image reads back
+    /// to at that key — the source wins a conflict.
+    Reverse(&'a [Option<Item>]),
+}
+
 /// Pure: a write (`wanted`: the item, or None for a delete) against what the
-/// table holds at its key; a delete only of a version of the same item
-/// (`same_item`: what is held maps back to the key of the item changed).
-pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, same_item: bool) -> Check {
-    if held == wanted {
-        Check::InSync
-    } else if wanted.is_some() || same_item {
-        Check::Write
-    } else {
-        Check::Conflict
-    }
+/// table holds at its key.
+pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, replaces: Replaces<'_>) -> Check {
+    let ok = match replaces {
+        _ if held == wanted => return Check::InSync,
+        Replaces::Forward { same_item } => wanted.is_some() || same_item,
+        Replaces::Reverse(before) => before.iter().any(|b| b.as_ref() == held),
+    };
+    if ok { Check::Write } else { Check::Conflict }
 }
 
 /// Apply records by the rules in the module docs; return when every write is
@@ -87,6 +100,7 @@ pub(super) async fn apply_guarded(
     changes: &[Change],
     lanes: &[Vec<usize>],
     echoes: &mut Echoes,
+    store: &StateStore,
 ) -> anyhow::Result<Tally> {
     let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
     order.sort_unstable();
@@ -111,6 +125,26 @@ pub(super) async fn apply_guarded(
             Mapped::Put(item) => Some(item),
             _ => None,
         });
+        // Backwards: what this item's writes may replace in the source.
+        let mut replaceable = vec![before.clone()];
+        if m.flow == Flow::Reverse {
+            // The images of the stale records since this key's last applied
+            // one: the source may hold what any of them reads back to.
+            let pending = format!("tail/pending/{}", hex(&entry(&key, None).0));
+            // (None: the item absent.)
+            let mut seen: Vec<Option<Item>> = store.get(&pending)?.unwrap_or_default();
+            if current {
+                replaceable.extend(seen.iter().map(|o| match o.as_ref().map(|o| m.map(o)) {
+                    Some(Mapped::Put(item)) => Some(item),
+                    _ => None,
+                }));
+                store.remove(&pending)?;
+            } else {
+                seen.extend([c.old.clone(), image.cloned()]);
+                seen.dedup();
+                store.put(&pending, &seen)?;
+            }
+        }
         let actions = if current {
             mapped_actions(m, c)
         } else {
@@ -142,19 +176,30 @@ pub(super) async fn apply_guarded(
                     continue;
                 }
             };
-            write_one(
-                clients,
-                m,
-                control,
-                echoes,
-                (target, (i, a)),
-                &key,
-                &mut tally,
-            )
-            .await?;
+            let w = Guarded {
+                target,
+                order: (i, a),
+                read_key: &key,
+                replaceable: &replaceable,
+            };
+            write_one(clients, m, control, echoes, w, &mut tally).await?;
         }
     }
     Ok(tally)
+}
+
+/// One write to check and make.
+struct Guarded<'a> {
+    target: Target,
+    order: (usize, usize),
+    /// The key of the item changed, in the table read.
+    read_key: &'a Item,
+    /// Backwards: the images (mapped) the write may replace.
+    replaceable: &'a [Option<Item>],
+}
+
+fn hex(d: &[u8; 16]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One write after its check: announced in the ledger, then sent.
@@ -163,10 +208,15 @@ async fn write_one(
     m: &Mapper<'_>,
     control: &Control,
     echoes: &mut Echoes,
-    (target, order): (Target, (usize, usize)),
-    read_key: &Item,
+    w: Guarded<'_>,
     tally: &mut Tally,
 ) -> anyhow::Result<()> {
+    let Guarded {
+        target,
+        order,
+        read_key,
+        replaceable,
+    } = w;
     let write_table = m.flow.write_table(m.plan);
     let (key, wanted) = match &target {
         Target::Put(item) => (m.write_key_of(item), Some(item)),
@@ -175,10 +225,27 @@ async fn write_one(
     let held = get_item(clients, write_table, &key, true)
         .await
         .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
-    let same_item = held
-        .as_ref()
-        .is_some_and(|h| m.back_key(h).as_ref() == Some(read_key));
-    match check(wanted, held.as_ref(), same_item) {
+    let replaces = match m.flow {
+        Flow::Forward => Replaces::Forward {
+            same_item: held
+                .as_ref()
+                .is_some_and(|h| m.back_key(h).as_ref() == Some(read_key)),
+        },
+        Flow::Reverse => Replaces::Reverse(replaceable),
+    };
+    // A replaceable image elsewhere than this key stands for nothing here.
+    let here: Vec<Option<Item>>;
+    let replaces = match replaces {
+        Replaces::Reverse(r) => {
+            here = r
+                .iter()
+                .map(|b| b.clone().filter(|b| m.write_key_of(b) == key))
+                .collect();
+            Replaces::Reverse(&here)
+        }
+        f => f,
+    };
+    match check(wanted, held.as_ref(), replaces) {
         Check::InSync => tally.in_sync += 1,
         Check::Conflict => {
             tracing::info!(
@@ -226,14 +293,52 @@ mod tests {
     }
 
     #[test]
-    fn a_put_is_made_unless_held_and_a_delete_only_of_a_version_of_the_same_item() {
+    fn forwards_a_put_is_made_unless_held_and_a_delete_only_of_the_same_item() {
         let (a, b) = (it("a"), it("b"));
-        assert_eq!(check(Some(&b), Some(&b), true), Check::InSync);
-        assert_eq!(check(None, None, false), Check::InSync);
-        assert_eq!(check(Some(&b), Some(&a), true), Check::Write);
-        assert_eq!(check(Some(&b), None, false), Check::Write);
-        assert_eq!(check(None, Some(&a), true), Check::Write);
+        let same = Replaces::Forward { same_item: true };
+        let other = Replaces::Forward { same_item: false };
+        assert_eq!(check(Some(&b), Some(&b), same), Check::InSync);
+        assert_eq!(check(None, None, other), Check::InSync);
+        assert_eq!(check(Some(&b), Some(&a), same), Check::Write);
+        assert_eq!(check(Some(&b), None, other), Check::Write);
+        assert_eq!(check(None, Some(&a), same), Check::Write);
         // Another item at that key: not deleted.
-        assert_eq!(check(None, Some(&a), false), Check::Conflict);
+        assert_eq!(check(None, Some(&a), other), Check::Conflict);
+    }
+
+    #[test]
+    fn backwards_the_source_wins_a_conflict() {
+        let (a, b, c) = (it("a"), it("b"), it("c"));
+        let from_a = [Some(a.clone())];
+        // The source still holds what the target's old image reads back to.
+        assert_eq!(
+            check(Some(&b), Some(&a), Replaces::Reverse(&from_a)),
+            Check::Write
+        );
+        assert_eq!(
+            check(None, Some(&a), Replaces::Reverse(&from_a)),
+            Check::Write
+        );
+        assert_eq!(
+            check(Some(&b), None, Replaces::Reverse(&[None])),
+            Check::Write
+        );
+        // The application wrote the source since: left as it is.
+        assert_eq!(
+            check(Some(&b), Some(&c), Replaces::Reverse(&from_a)),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(None, Some(&c), Replaces::Reverse(&from_a)),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(Some(&b), Some(&c), Replaces::Reverse(&[None])),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(Some(&b), Some(&b), Replaces::Reverse(&from_a)),
+            Check::InSync
+        );
     }
 }
