@@ -1,9 +1,11 @@
 //! The marker rule: drain barriers (`rekey drain`) travel the source's stream
 //! as marker items whose partition key starts with [`MARKER_PREFIX`]. The
 //! transform skips them everywhere (a marker is never copied), and the tail
-//! recognises them ([`marker_id`]).
+//! recognises them ([`marker_id`]). The rollback's barrier travels the
+//! target's stream the same way, as a marker in the target's key schema
+//! ([`marker_id_in`], [`marker_item_in`]; the inverse skips it).
 
-use crate::core::plan::Plan;
+use crate::core::plan::{KeySchema, Plan};
 use crate::core::value::{Item, ScalarType, Value};
 
 /// Partition-key values starting with this are rekey's own markers.
@@ -11,7 +13,12 @@ pub const MARKER_PREFIX: &str = "__rekey__#barrier#";
 
 /// The barrier id if `item` (a source item) is a drain marker.
 pub fn marker_id(plan: &Plan, item: &Item) -> Option<String> {
-    let text = match item.get(&plan.source_key.partition_key.name)? {
+    marker_id_in(&plan.source_key, item)
+}
+
+/// The barrier id if `item` (an item of a table keyed by `key`) is a drain marker.
+pub fn marker_id_in(key: &KeySchema, item: &Item) -> Option<String> {
+    let text = match item.get(&key.partition_key.name)? {
         Value::S(s) => s.as_str(),
         Value::B(b) => std::str::from_utf8(b).ok()?,
         _ => return None,
@@ -22,23 +29,28 @@ pub fn marker_id(plan: &Plan, item: &Item) -> Option<String> {
 /// The marker item for barrier `id`: the source key and nothing else. A
 /// numeric partition key cannot carry a marker: the error says what to do.
 pub fn marker_item(plan: &Plan, id: &str) -> Result<Item, String> {
+    marker_item_in(&plan.source_key, &plan.source_table, id)
+}
+
+/// The marker item for barrier `id` in `table`, keyed by `key`.
+pub fn marker_item_in(key: &KeySchema, table: &str, id: &str) -> Result<Item, String> {
     let text = format!("{MARKER_PREFIX}{id}");
     let value = |ty: ScalarType| match ty {
         ScalarType::S => Value::S(text.clone()),
         ScalarType::B => Value::B(text.clone().into_bytes()),
         ScalarType::N => Value::N("0".into()),
     };
-    let pk = &plan.source_key.partition_key;
+    let pk = &key.partition_key;
     if pk.ty == ScalarType::N {
         return Err(format!(
             "table `{}` has a numeric partition key ({}); the drain barrier needs a string or binary key \
              for its marker item. Stop the application's writes and wait for the tail to be idle instead",
-            plan.source_table, pk.name
+            table, pk.name
         ));
     }
     let mut item = Item::new();
     item.insert(pk.name.clone(), value(pk.ty));
-    if let Some(sk) = &plan.source_key.sort_key {
+    if let Some(sk) = &key.sort_key {
         item.insert(sk.name.clone(), value(sk.ty));
     }
     Ok(item)

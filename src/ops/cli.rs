@@ -109,6 +109,9 @@ pub enum Command {
     Undo(BackfillArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
+    /// Rollback's replication: keep the source current from the target table's stream
+    /// (NEW_AND_OLD_IMAGES), by the plan's inverse, without echoing the forward tail's writes.
+    Reverse(TailArgs),
     /// Check both ways that the target is exactly transform(source); checkpointed (exit 4: differences).
     Verify(VerifyArgs),
     /// Prove the tail has applied every source write made before now: write a
@@ -117,6 +120,10 @@ pub enum Command {
     /// Switch on evidence: check the gates, wait while the postpone file exists,
     /// drain, record the cutover and print the next steps.
     Cutover(CutoverArgs),
+    /// The mirror of cutover (needs `rekey reverse` running): check the reverse tail and a
+    /// clean verify, wait while the postpone file exists, drain through the target's stream,
+    /// record the rollback and print the next steps. The forward tail carries on.
+    Rollback(CutoverArgs),
     /// After the application has switched: drain once more, record the end, stop the tail.
     Finish(FinishArgs),
     /// Read one logical key of the new design: every partition key the plan spread it over,
@@ -155,6 +162,7 @@ impl Command {
                 | Command::Undo(_)
                 | Command::Run(_)
                 | Command::Tail(_)
+                | Command::Reverse(_)
                 | Command::Verify(_)
         )
     }
@@ -169,6 +177,10 @@ pub enum PolicyCommandArg {
     Drain,
     Cutover,
     Query,
+    /// `rekey reverse`, the rollback's reverse tail.
+    Reverse,
+    /// `rekey rollback`.
+    Rollback,
     /// backfill, tail, verify, drain and cutover.
     All,
 }
@@ -314,14 +326,14 @@ pub struct TailArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub state: StateArgs,
-    /// Write budget for the target, WCU per second (default: unlimited).
+    /// Write budget for the table written (the target; `reverse`: the source), WCU per second (default: unlimited).
     #[arg(long, value_name = "WCU")]
     pub write_rate: Option<f64>,
     /// Catch-up mode: exit once the backfill is done, the buffer applied, and
     /// no record has arrived for this many seconds.
     #[arg(long, value_name = "SECONDS")]
     pub exit_when_idle: Option<f64>,
-    /// Rejected items (default: <state dir>/tail-rejects.jsonl).
+    /// Rejected items (default: <state dir>/tail-rejects.jsonl; `reverse`: reverse-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
     #[arg(long)]
@@ -353,6 +365,10 @@ pub struct VerifyArgs {
     /// Verify a random P% of source items (the same ones every run), forward only.
     #[arg(long, value_name = "P")]
     pub sample: Option<f64>,
+    /// The rollback's check: the source against inverse(target) — every target item read back
+    /// by the plan's inverse is exactly in the source, every source item is read back from one.
+    #[arg(long)]
+    pub reverse: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -365,6 +381,10 @@ pub struct DrainArgs {
     /// Give up (exit 3) after this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub timeout: f64,
+    /// Through the target's stream and the reverse tail (`rekey reverse`): every write made
+    /// to the target before now is in the source.
+    #[arg(long)]
+    pub reverse: bool,
     #[arg(long)]
     pub json: bool,
 }

@@ -1,7 +1,7 @@
 //! `rekey status` as an operator reads it: the snapshots `state::snapshot`
 //! gathers, rendered as lines.
 
-use crate::state::snapshot::{StatusReport, show_time};
+use crate::state::snapshot::{StatusReport, TailStatus, show_time};
 
 /// A snapshot as one line of JSON, keys in order (as `--json` prints them).
 fn sorted_json<T: serde::Serialize>(v: &T) -> String {
@@ -78,35 +78,13 @@ pub fn render(r: &StatusReport) -> String {
         }
     }
     match &r.tail {
-        Some(t) => {
-            let _ = writeln!(
-                out,
-                "tail      {} records ({} buffered): {} puts, {} deletes, {} rejected; lag {}; applied through {}",
-                t.records,
-                t.buffered,
-                t.puts,
-                t.deletes,
-                t.rejected,
-                t.lag_seconds
-                    .map_or("unknown".to_string(), |l| format!("{l:.1} s")),
-                t.applied_through
-                    .as_ref()
-                    .map_or("(not applying yet)".to_string(), show_time)
-            );
-            for s in &t.shards {
-                let _ = writeln!(
-                    out,
-                    "          {} {} lag {}",
-                    s.shard_id,
-                    s.state,
-                    s.lag_seconds
-                        .map_or("unknown".to_string(), |l| format!("{l:.1} s"))
-                );
-            }
-        }
+        Some(t) => tail_lines(&mut out, "tail     ", t),
         None => {
             let _ = writeln!(out, "tail      never ran");
         }
+    }
+    if let Some(t) = &r.reverse {
+        tail_lines(&mut out, "reverse  ", t);
     }
     match &r.verify {
         Some(v) => {
@@ -118,11 +96,46 @@ pub fn render(r: &StatusReport) -> String {
     }
     let _ = writeln!(
         out,
-        "rejects   {} from the backfill, {} from the tail",
-        r.rejects.backfill, r.rejects.tail
+        "rejects   {} from the backfill, {} from the tail, {} from the reverse tail",
+        r.rejects.backfill, r.rejects.tail, r.rejects.reverse
     );
+    if let Some(b) = &r.rollback {
+        let _ = writeln!(out, "rollback  {}", sorted_json(b));
+    }
     if let Some(c) = &r.cutover {
         let _ = writeln!(out, "cutover   {}", sorted_json(c));
     }
     out
+}
+
+/// One direction's tail: its counters, lag and `applied_through`, then a line per shard.
+fn tail_lines(out: &mut String, label: &str, t: &TailStatus) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "{label} {} records ({} buffered): {} puts, {} deletes, {} rejected, {} in sync, {} conflicts; lag {}; applied through {}{}",
+        t.records,
+        t.buffered,
+        t.puts,
+        t.deletes,
+        t.rejected,
+        t.in_sync,
+        t.conflicts,
+        t.lag_seconds
+            .map_or("unknown".to_string(), |l| format!("{l:.1} s")),
+        t.applied_through
+            .as_ref()
+            .map_or("(not applying yet)".to_string(), show_time),
+        if t.stopped { " (stopped)" } else { "" }
+    );
+    for s in &t.shards {
+        let _ = writeln!(
+            out,
+            "          {} {} lag {}",
+            s.shard_id,
+            s.state,
+            s.lag_seconds
+                .map_or("unknown".to_string(), |l| format!("{l:.1} s"))
+        );
+    }
 }

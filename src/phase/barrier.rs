@@ -23,9 +23,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use crate::aws::{Clients, item};
-use crate::core::marker::marker_item;
+use crate::core::marker::marker_item_in;
 use crate::core::plan::Plan;
 use crate::phase::error::InputError;
+use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::snapshot::{self, TailStatus};
 
@@ -33,10 +34,15 @@ use crate::state::snapshot::{self, TailStatus};
 pub struct DrainOptions {
     pub state_dir: StateDir,
     pub timeout: Duration,
+    /// Through the source's stream and the forward tail (`drain`, cutover),
+    /// or the target's and the reverse tail (`drain --reverse`, rollback).
+    pub flow: Flow,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DrainReport {
+    /// "tail" or "reverse tail": whose barrier.
+    pub direction: &'static str,
     pub barrier: String,
     pub complete: bool,
     pub waited_seconds: f64,
@@ -44,30 +50,36 @@ pub struct DrainReport {
 
 /// Write a marker into the source, delete it, and wait until the tail reports
 /// the barrier complete. `complete: false` when the timeout passed first.
+///
+/// Backwards (`opts.flow`), the marker goes into the target, in its key
+/// schema, and the reverse tail reports it.
 pub async fn drain(
     clients: &Clients,
     plan: &Plan,
     opts: &DrainOptions,
 ) -> anyhow::Result<DrainReport> {
+    let flow = opts.flow;
     let id = format!(
         "{}-{:08x}",
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
         rand_u32()
     );
-    let marker = marker_item(plan, &id).map_err(InputError)?;
+    let table = flow.read_table(plan);
+    let marker = marker_item_in(flow.read_key(plan), table, &id).map_err(InputError)?;
     let started = std::time::Instant::now();
-    item::put_item(clients, &plan.source_table, &marker)
+    item::put_item(clients, table, &marker)
         .await
         .context("writing the drain marker")?;
-    item::delete_item(clients, &plan.source_table, &marker)
+    item::delete_item(clients, table, &marker)
         .await
         .context("deleting the drain marker")?;
-    let status = opts.state_dir.tail_snapshot();
+    let status = flow.snapshot(&opts.state_dir);
     loop {
         if let Some(s) = snapshot::read::<TailStatus>(&status)?
             && s.barriers.get(&id).is_some_and(|b| b.complete_at.is_some())
         {
             return Ok(DrainReport {
+                direction: flow.tail_name(),
                 barrier: id,
                 complete: true,
                 waited_seconds: started.elapsed().as_secs_f64(),
@@ -75,6 +87,7 @@ pub async fn drain(
         }
         if started.elapsed() >= opts.timeout {
             return Ok(DrainReport {
+                direction: flow.tail_name(),
                 barrier: id,
                 complete: false,
                 waited_seconds: started.elapsed().as_secs_f64(),
@@ -92,6 +105,6 @@ fn rand_u32() -> u32 {
 }
 
 /// Whether a status file exists at all: `drain` says so when no tail runs.
-pub fn tail_has_run(state_dir: &StateDir) -> bool {
-    state_dir.tail_snapshot().exists()
+pub fn tail_has_run(state_dir: &StateDir, flow: Flow) -> bool {
+    flow.snapshot(state_dir).exists()
 }

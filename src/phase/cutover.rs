@@ -26,6 +26,7 @@ use crate::aws::Clients;
 use crate::core::plan::Plan;
 use crate::phase::barrier::{self, DrainOptions};
 use crate::phase::progress::Progress;
+use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::StateStore;
 use crate::state::snapshot::{self, BackfillStatus};
@@ -50,6 +51,10 @@ pub struct CutoverOptions {
 /// What the gates look at, read from the state directory.
 #[derive(Debug, Clone, Default)]
 pub struct Evidence {
+    /// Forward: a cutover's evidence; Reverse: a rollback's (the reverse
+    /// tail's status, its rejects, and whether a cutover is recorded).
+    pub flow: Flow,
+    pub cut_over: bool,
     pub backfill_done: bool,
     pub backfill: Option<BackfillStatus>,
     pub tail: Option<TailStatus>,
@@ -60,15 +65,28 @@ pub struct Evidence {
 
 impl Evidence {
     pub fn read(state_dir: &StateDir) -> anyhow::Result<Evidence> {
-        let tail: Option<TailStatus> = snapshot::read(&state_dir.tail_snapshot())?;
+        Evidence::read_for(state_dir, Flow::Forward)
+    }
+
+    pub fn read_for(state_dir: &StateDir, flow: Flow) -> anyhow::Result<Evidence> {
+        let tail: Option<TailStatus> = snapshot::read(&flow.snapshot(state_dir))?;
+        let rejects = match flow {
+            Flow::Forward => {
+                snapshot::count_lines(&state_dir.rejects())?
+                    + snapshot::count_lines(&state_dir.tail_rejects())?
+            }
+            Flow::Reverse => snapshot::count_lines(&state_dir.reverse_rejects())?,
+        };
+        let cutover: Option<CutoverRecord> = snapshot::read(&state_dir.cutover_record())?;
         Ok(Evidence {
+            flow,
+            cut_over: cutover.is_some_and(|c| c.finished_at.is_none()),
             backfill_done: state_dir.is_backfill_done(),
             backfill: snapshot::read(&state_dir.backfill_snapshot())?,
             tail_running: tail.as_ref().is_some_and(|t| snapshot::alive(t.pid)),
             tail,
             verify: snapshot::read(&state_dir.verify_snapshot())?,
-            rejects: snapshot::count_lines(&state_dir.rejects())?
-                + snapshot::count_lines(&state_dir.tail_rejects())?,
+            rejects,
         })
     }
 }
@@ -80,35 +98,52 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
         ok,
         detail,
     };
-    let backfill = gate(
-        "backfill complete",
-        e.backfill_done,
-        match (&e.backfill, e.backfill_done) {
-            (Some(b), true) => format!(
-                "{} scanned, {} written, {} rejected, {} skipped",
-                b.scanned, b.written, b.rejected, b.skipped
-            ),
-            (_, true) => "backfill.done present".into(),
-            (Some(b), false) => format!(
-                "still running: {} of ~{} scanned",
-                b.scanned, b.expected_items
-            ),
-            (None, false) => "not started".into(),
-        },
-    );
+    let (tail_gate, tail_cmd) = match e.flow {
+        Flow::Forward => ("tail caught up", "rekey tail"),
+        Flow::Reverse => ("reverse tail caught up", "rekey reverse"),
+    };
+    let backfill = if e.flow == Flow::Reverse {
+        gate(
+            "cut over",
+            e.cut_over,
+            if e.cut_over {
+                "a cutover is recorded and not finished".into()
+            } else {
+                "no cutover to roll back (none recorded, or finished)".into()
+            },
+        )
+    } else {
+        gate(
+            "backfill complete",
+            e.backfill_done,
+            match (&e.backfill, e.backfill_done) {
+                (Some(b), true) => format!(
+                    "{} scanned, {} written, {} rejected, {} skipped",
+                    b.scanned, b.written, b.rejected, b.skipped
+                ),
+                (_, true) => "backfill.done present".into(),
+                (Some(b), false) => format!(
+                    "still running: {} of ~{} scanned",
+                    b.scanned, b.expected_items
+                ),
+                (None, false) => "not started".into(),
+            },
+        )
+    };
     let tail = match &e.tail {
-        None => gate("tail caught up", false, "the tail has never run".into()),
+        None => gate(tail_gate, false, format!("`{tail_cmd}` has never run")),
         Some(_) if !e.tail_running => gate(
-            "tail caught up",
+            tail_gate,
             false,
-            "the tail is not running; start `rekey tail` (it must keep running through the switch)"
-                .into(),
+            format!(
+                "it is not running; start `{tail_cmd}` (it must keep running through the switch)"
+            ),
         ),
         Some(t) => {
             let stale = (now - t.updated_at).num_seconds() > 30;
             match t.lag_seconds {
                 _ if stale => gate(
-                    "tail caught up",
+                    tail_gate,
                     false,
                     format!(
                         "no word from the tail since {}",
@@ -116,17 +151,17 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
                     ),
                 ),
                 Some(l) if l <= opts.max_lag => gate(
-                    "tail caught up",
+                    tail_gate,
                     true,
                     format!("lag {l:.1} s ≤ {:.1} s", opts.max_lag),
                 ),
                 Some(l) => gate(
-                    "tail caught up",
+                    tail_gate,
                     false,
                     format!("lag {l:.1} s > {:.1} s", opts.max_lag),
                 ),
                 None => gate(
-                    "tail caught up",
+                    tail_gate,
                     false,
                     "lag unknown (still buffering, or a shard not read yet)".into(),
                 ),
@@ -177,7 +212,11 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             (0, _) => "none".into(),
             (n, true) => format!("{n} accepted (--accept-rejects)"),
             (n, false) => format!(
-                "{n} in rejects.jsonl / tail-rejects.jsonl; fix the plan or pass --accept-rejects"
+                "{n} in {}; fix the plan or pass --accept-rejects",
+                match e.flow {
+                    Flow::Forward => "rejects.jsonl / tail-rejects.jsonl",
+                    Flow::Reverse => "reverse-rejects.jsonl",
+                }
             ),
         },
     );
@@ -200,20 +239,63 @@ pub async fn cutover(
     opts: &CutoverOptions,
     progress: &Progress,
 ) -> anyhow::Result<CutoverReport> {
+    switch(clients, plan, opts, progress, Flow::Forward).await
+}
+
+/// `rekey rollback`: the mirror of a cutover. The gates read the reverse
+/// tail (caught up, lag under the threshold), a clean verify within the age
+/// limit and the reverse rejects; the postpone file is honoured; the drain
+/// barrier goes through the target's stream; then the rollback is recorded
+/// (`rollback.json`) and the cutover record set aside, so the forward tail —
+/// which never stopped — carries on and a later `rekey cutover` can switch
+/// again. `cut_over` in the report means "rolled back".
+pub async fn rollback(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &CutoverOptions,
+    progress: &Progress,
+) -> anyhow::Result<CutoverReport> {
+    switch(clients, plan, opts, progress, Flow::Reverse).await
+}
+
+/// Switch the application's table: forwards (cutover) or backwards (rollback).
+async fn switch(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &CutoverOptions,
+    progress: &Progress,
+    flow: Flow,
+) -> anyhow::Result<CutoverReport> {
     // One driver per plan: the store's lock refuses a second cutover.
     let store = StateStore::open(&opts.state_dir, plan)?;
-    if let Some(record) = store.get::<CutoverRecord>("cutover/record")? {
-        return Ok(CutoverReport {
-            cut_over: true,
-            gates: record.gates.clone(),
-            record: Some(record),
-            blocked: None,
-        });
+    let recorded = store.get::<CutoverRecord>("cutover/record")?;
+    match (flow, recorded) {
+        (Flow::Forward, Some(record)) => {
+            return Ok(CutoverReport {
+                cut_over: true,
+                gates: record.gates.clone(),
+                record: Some(record),
+                blocked: None,
+            });
+        }
+        (Flow::Reverse, None) => anyhow::bail!(crate::phase::error::InputError(
+            "no cutover is recorded for this plan: there is nothing to roll back".into()
+        )),
+        (Flow::Reverse, Some(r)) if r.finished_at.is_some() => {
+            anyhow::bail!(crate::phase::error::InputError(
+                "the migration is finished (`rekey finish` ran): the tails have stopped, so it cannot be rolled back".into()
+            ))
+        }
+        _ => {}
     }
     let started = Instant::now();
     let mut said_postponed = false;
     let gates = loop {
-        let g = gates(&Evidence::read(&opts.state_dir)?, opts, chrono::Utc::now());
+        let g = gates(
+            &Evidence::read_for(&opts.state_dir, flow)?,
+            opts,
+            chrono::Utc::now(),
+        );
         let all_ok = g.iter().all(|g| g.ok);
         let postponed = opts.postpone_file.exists();
         if all_ok && !postponed {
@@ -240,13 +322,21 @@ pub async fn cutover(
     for g in &gates {
         progress.note(&format!("gate ok: {} — {}", g.name, g.detail));
     }
-    progress.note("drain barrier: waiting for the tail to apply every source write made until now");
+    progress.note(&format!(
+        "drain barrier: waiting for the {} to apply every {} write made until now",
+        match flow {
+            Flow::Forward => "tail",
+            Flow::Reverse => "reverse tail",
+        },
+        flow.read_role()
+    ));
     let drain = barrier::drain(
         clients,
         plan,
         &DrainOptions {
             state_dir: opts.state_dir.clone(),
             timeout: opts.drain_timeout,
+            flow,
         },
     )
     .await?;
@@ -269,9 +359,28 @@ pub async fn cutover(
         gates: gates.clone(),
         finished_at: None,
     };
-    store.put("cutover/record", &record)?;
-    store.flush()?;
-    snapshot::publish(&opts.state_dir.cutover_record(), &record)?;
+    match flow {
+        Flow::Forward => {
+            store.put("cutover/record", &record)?;
+            store.flush()?;
+            snapshot::publish(&opts.state_dir.cutover_record(), &record)?;
+        }
+        Flow::Reverse => {
+            // The rollback first, then the cutover set aside: a crash in
+            // between leaves a rollback recorded and a rerun says so.
+            store.put("rollback/record", &record)?;
+            store.flush()?;
+            snapshot::publish(&opts.state_dir.rollback_record(), &record)?;
+            store.remove("cutover/record")?;
+            store.flush()?;
+            match std::fs::remove_file(opts.state_dir.cutover_record()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(anyhow::Error::new(e).context("cannot remove cutover.json"));
+                }
+                _ => {}
+            }
+        }
+    }
     Ok(CutoverReport {
         cut_over: true,
         gates,
@@ -301,7 +410,23 @@ pub struct FinishReport {
     pub record: Option<CutoverRecord>,
 }
 
-/// After the switch: drain once more, record the end, stop the tail.
+/// The operator's next steps after a rollback.
+pub fn rollback_steps(plan: &Plan, plan_path: &Path) -> String {
+    format!(
+        "Next steps:\n\
+         1. Point the application's reads and writes back at `{source}` (deploy the old key design).\n\
+         2. Keep `rekey reverse` running meanwhile: writes that still reach `{target}` are carried back.\n\
+         3. The forward tail never stopped: `{target}` stays current, so you can cut over again later\n\
+            (rekey verify {plan}, then rekey cutover {plan}).\n\
+         4. To end the migration instead: stop both tails (rekey finish {plan} after a cutover).",
+        target = plan.target_table,
+        source = plan.source_table,
+        plan = plan_path.display()
+    )
+}
+
+/// After the switch: drain once more (each direction that runs), record
+/// the end, stop the tails.
 pub async fn finish(
     clients: &Clients,
     plan: &Plan,
@@ -320,6 +445,7 @@ pub async fn finish(
         &DrainOptions {
             state_dir: state_dir.clone(),
             timeout: drain_timeout,
+            flow: Flow::Forward,
         },
     )
     .await?;
@@ -329,6 +455,27 @@ pub async fn finish(
             barrier: drain.barrier,
             record: Some(record),
         });
+    }
+    // A reverse tail still running is drained too: both directions end.
+    let reverse: Option<TailStatus> = snapshot::read(&state_dir.reverse_snapshot())?;
+    if reverse.is_some_and(|r| !r.stopped && snapshot::alive(r.pid)) {
+        let back = barrier::drain(
+            clients,
+            plan,
+            &DrainOptions {
+                state_dir: state_dir.clone(),
+                timeout: drain_timeout,
+                flow: Flow::Reverse,
+            },
+        )
+        .await?;
+        if !back.complete {
+            return Ok(FinishReport {
+                finished: false,
+                barrier: back.barrier,
+                record: Some(record),
+            });
+        }
     }
     record.finished_at = Some(chrono::Utc::now());
     store.put("cutover/record", &record)?;
@@ -360,6 +507,8 @@ mod tests {
 
     fn ready(now: chrono::DateTime<chrono::Utc>) -> Evidence {
         Evidence {
+            flow: Flow::Forward,
+            cut_over: false,
             backfill_done: true,
             backfill: None,
             tail: Some(TailStatus {
@@ -389,6 +538,35 @@ mod tests {
 
     fn failing(g: &[Gate]) -> Vec<String> {
         g.iter().filter(|g| !g.ok).map(|g| g.name.clone()).collect()
+    }
+
+    #[test]
+    fn a_rollback_needs_a_cutover_and_the_reverse_tail_caught_up() {
+        let now = chrono::Utc::now();
+        let back = Evidence {
+            flow: Flow::Reverse,
+            cut_over: true,
+            backfill_done: false,
+            ..ready(now)
+        };
+        assert!(failing(&gates(&back, &opts(), now)).is_empty());
+        let none = Evidence {
+            cut_over: false,
+            ..back.clone()
+        };
+        assert_eq!(failing(&gates(&none, &opts(), now)), ["cut over"]);
+        let behind = Evidence {
+            tail: Some(TailStatus {
+                updated_at: now,
+                lag_seconds: Some(60.0),
+                ..Default::default()
+            }),
+            ..back
+        };
+        assert_eq!(
+            failing(&gates(&behind, &opts(), now)),
+            ["reverse tail caught up"]
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::phase::backfill::{self, BackfillOptions};
 use crate::phase::barrier::{self, DrainOptions};
 use crate::phase::error::{GateNotMet, Stopped};
 use crate::phase::progress::Progress;
-use crate::phase::tail::{self, TailOptions};
+use crate::phase::tail::{self, Flow, TailOptions};
 use crate::phase::verify::{self, VerifyOptions};
 use crate::state::StateDir;
 use crate::state::snapshot;
@@ -50,6 +50,65 @@ pub struct RunOptions {
     /// tailing (not with `exit_when_ready`), for a caller that cuts over and
     /// finishes in the same process (`rekey demo`).
     pub ready: Option<Arc<tokio::sync::Notify>>,
+}
+
+/// After a cutover is recorded, the reverse tail (target → source), so the
+/// migration can be rolled back (`rekey rollback`), when the target has a
+/// NEW_AND_OLD_IMAGES stream and every rule is reversible; else a note says
+/// why not. Ends with the forward tail (its stop token, or `rekey finish`).
+async fn reverse_after_cutover(
+    clients: &Clients,
+    plan: &Plan,
+    forward: &TailOptions,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    let dir = &forward.state_dir;
+    loop {
+        if forward.stop.is_cancelled() || dir.is_finished() {
+            return Ok(());
+        }
+        if dir.cutover_record().exists() {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            () = forward.stop.cancelled() => return Ok(()),
+        }
+    }
+    let irreversible = crate::core::inverse::reversibility(plan)
+        .iter()
+        .any(|r| !r.reversible());
+    let info = clients.describe_table(&plan.target_table).await?;
+    let streamed = info
+        .stream
+        .as_ref()
+        .is_some_and(|s| s.view == "NEW_AND_OLD_IMAGES");
+    if irreversible || !streamed {
+        progress.note(&format!(
+            "cut over; no reverse tail, so no rollback: {}",
+            if irreversible {
+                "a rule is not reversible (`rekey check` says which)".to_string()
+            } else {
+                format!(
+                    "`{}` has no NEW_AND_OLD_IMAGES stream (aws dynamodb update-table --table-name {} \
+                     --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES)",
+                    plan.target_table, plan.target_table
+                )
+            }
+        ));
+        return Ok(());
+    }
+    progress.note("cut over: the reverse tail carries the target's writes back to the source (`rekey rollback` is possible)");
+    let opts = TailOptions {
+        flow: Flow::Reverse,
+        rejects: dir.reverse_rejects(),
+        ..forward.clone()
+    };
+    match tail::run(clients, plan, &opts, &progress.beside()).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is::<Stopped>() => Ok(()),
+        Err(e) => Err(e.context("the reverse tail stopped")),
+    }
 }
 
 /// The analyze gate's verdict, kept so a rerun does not scan again.
@@ -207,9 +266,13 @@ pub async fn run(
                 ),
             }
             let started = Instant::now();
-            let tailed = tail_ended(tail_task.await).map(|t| report.tail = Some(t));
+            let (tailed, reversed) = tokio::join!(
+                async { tail_ended(tail_task.await) },
+                reverse_after_cutover(clients, plan, &opts.tail, progress)
+            );
+            let tailed = tailed.map(|t| report.tail = Some(t));
             report.timed(TAILING, started);
-            tailed
+            tailed.and(reversed)
         }
         other => {
             if !tail_over {
@@ -277,6 +340,7 @@ async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> any
     let drain_opts = DrainOptions {
         state_dir: opts.state_dir.clone(),
         timeout: opts.drain_timeout,
+        flow: Flow::Forward,
     };
     // Waiting for a barrier holds nothing: a stop may cut it short.
     let drain = tokio::select! {

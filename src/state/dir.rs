@@ -5,15 +5,18 @@
 //! ```text
 //! <dir>/db, owner                 the backfill's sled store and its lock holder
 //! <dir>/tail/                     the tail's store; tail/status.json its snapshot
+//! <dir>/reverse/                  the reverse tail's store (target → source); reverse/status.json
+//! <dir>/{tail,reverse}/written.jsonl  each direction's echo ledger (`state::echoes`)
 //! <dir>/verify/                   verify's store, result.json, mismatches.jsonl, …
 //! <dir>/backfill.json             the backfill's snapshot
 //! <dir>/cutover.json              the cutover record
+//! <dir>/rollback.json             the last rollback's record
 //! <dir>/analyze.json              `rekey run`'s analyze verdict
 //! <dir>/backfill.done             marker: the backfill is complete (the tail applies)
 //! <dir>/finished                  marker: `rekey finish` ran (the tail stops)
 //! <dir>/postpone                  flag the operator creates: cutover waits
 //! <dir>/control.json              pause, resume, rates of a running backfill
-//! <dir>/rejects.jsonl, tail-rejects.jsonl, progress.jsonl, claims.redb
+//! <dir>/rejects.jsonl, tail-rejects.jsonl, reverse-rejects.jsonl, progress.jsonl, claims.redb
 //! ```
 
 use std::ops::Deref;
@@ -47,6 +50,11 @@ impl StateDir {
         self.0.join("tail")
     }
 
+    /// The reverse tail's store: the target's stream applied to the source.
+    pub fn reverse_store(&self) -> PathBuf {
+        self.0.join("reverse")
+    }
+
     pub fn verify_store(&self) -> PathBuf {
         self.0.join("verify")
     }
@@ -61,12 +69,31 @@ impl StateDir {
         self.tail_store().join("status.json")
     }
 
+    /// The forward tail's echo ledger (`state::echoes`).
+    pub fn tail_ledger(&self) -> PathBuf {
+        self.tail_store().join("written.jsonl")
+    }
+
+    /// The reverse tail's echo ledger.
+    pub fn reverse_ledger(&self) -> PathBuf {
+        self.reverse_store().join("written.jsonl")
+    }
+
+    pub fn reverse_snapshot(&self) -> PathBuf {
+        self.reverse_store().join("status.json")
+    }
+
     pub fn verify_snapshot(&self) -> PathBuf {
         self.verify_store().join("result.json")
     }
 
     pub fn cutover_record(&self) -> PathBuf {
         self.0.join("cutover.json")
+    }
+
+    /// The last rollback's record (`rekey rollback`).
+    pub fn rollback_record(&self) -> PathBuf {
+        self.0.join("rollback.json")
     }
 
     pub fn analyze_verdict(&self) -> PathBuf {
@@ -121,6 +148,11 @@ impl StateDir {
 
     pub fn tail_rejects(&self) -> PathBuf {
         self.0.join("tail-rejects.jsonl")
+    }
+
+    /// Target items the reverse tail could not write back to the source.
+    pub fn reverse_rejects(&self) -> PathBuf {
+        self.0.join("reverse-rejects.jsonl")
     }
 
     /// One progress sample a second, of the backfill.

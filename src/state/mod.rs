@@ -13,6 +13,7 @@
 pub mod claims;
 pub mod control;
 pub mod dir;
+pub mod echoes;
 pub mod itemfile;
 pub mod rejects;
 pub mod snapshot;

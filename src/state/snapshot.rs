@@ -162,6 +162,17 @@ pub struct TailStatus {
     #[serde(default)]
     pub updates: u64,
     pub rejected: u64,
+    /// Writes not made because the table written already held them: the
+    /// other direction's echoes, or the item already in sync (issue 13).
+    #[serde(default)]
+    pub in_sync: u64,
+    /// Records that were the other direction's writes coming back (not applied).
+    #[serde(default)]
+    pub echoes: u64,
+    /// Writes not made because the table written had changed independently
+    /// (both sides wrote the item; see README, "Rolling back").
+    #[serde(default)]
+    pub conflicts: u64,
     pub shards: Vec<ShardStatus>,
     pub barriers: BTreeMap<String, BarrierState>,
     /// The tail exited cleanly (idle, or `rekey finish`): nothing is applied
@@ -358,8 +369,12 @@ pub struct StatusReport {
     pub drivers: Vec<Driver>,
     pub backfill: Option<BackfillStatus>,
     pub tail: Option<TailStatus>,
+    /// The reverse tail (target → source, for a rollback), if one has run.
+    pub reverse: Option<TailStatus>,
     pub verify: Option<VerifyResult>,
     pub cutover: Option<CutoverRecord>,
+    /// The last rollback (`rekey rollback`), if any.
+    pub rollback: Option<CutoverRecord>,
     pub rejects: Rejects,
 }
 
@@ -367,6 +382,7 @@ pub struct StatusReport {
 pub struct Rejects {
     pub backfill: u64,
     pub tail: u64,
+    pub reverse: u64,
 }
 
 /// Lines in a rejects file (0 if there is none).
@@ -421,8 +437,10 @@ pub fn phase(
 pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
     let backfill: Option<BackfillStatus> = read(&state_dir.backfill_snapshot())?;
     let tail: Option<TailStatus> = read(&state_dir.tail_snapshot())?;
+    let reverse: Option<TailStatus> = read(&state_dir.reverse_snapshot())?;
     let verify: Option<VerifyResult> = read(&state_dir.verify_snapshot())?;
     let cutover: Option<CutoverRecord> = read(&state_dir.cutover_record())?;
+    let rollback: Option<CutoverRecord> = read(&state_dir.rollback_record())?;
     let backfill_done = state_dir.is_backfill_done();
     let mut drivers = Vec::new();
     if let Some(b) = &backfill {
@@ -441,6 +459,14 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
             updated_at: t.updated_at,
         });
     }
+    if let Some(t) = &reverse {
+        drivers.push(Driver {
+            component: "reverse",
+            pid: t.pid,
+            running: alive(t.pid),
+            updated_at: t.updated_at,
+        });
+    }
     Ok(StatusReport {
         state_dir: state_dir.display().to_string(),
         phase: phase(
@@ -454,11 +480,14 @@ pub fn gather(state_dir: &StateDir) -> anyhow::Result<StatusReport> {
         rejects: Rejects {
             backfill: count_lines(&state_dir.rejects())?,
             tail: count_lines(&state_dir.tail_rejects())?,
+            reverse: count_lines(&state_dir.reverse_rejects())?,
         },
         backfill,
         tail,
+        reverse,
         verify,
         cutover,
+        rollback,
     })
 }
 

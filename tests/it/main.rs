@@ -24,6 +24,7 @@ mod local;
 mod ops;
 mod proxy;
 mod query;
+mod rollback;
 mod suggest;
 mod tail;
 mod throttle;

@@ -7,7 +7,7 @@ use crate::ops::cli::exit;
 use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::phase::backfill::{self, BackfillOptions, BackfillReport};
-use crate::phase::tail::{self, TailOptions, TailReport};
+use crate::phase::tail::{self, Flow, TailOptions, TailReport};
 
 /// `rekey backfill`, and `rekey undo` (`options.undo`).
 pub(super) async fn backfill(c: &Common, cmd: Planned<BackfillOptions>) -> anyhow::Result<i32> {
@@ -80,19 +80,24 @@ pub(super) async fn tail(c: &Common, cmd: Planned<TailOptions>) -> anyhow::Resul
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
     let report = tail::run(&clients, &plan, &options, &progress).await?;
-    print_done(c, &report, tail_text)?;
+    match options.flow {
+        Flow::Forward => print_done(c, &report, tail_text)?,
+        Flow::Reverse => print_done(c, &report, |r| format!("reverse {}", tail_text(r)))?,
+    }
     Ok(exit::OK)
 }
 
 fn tail_text(report: &TailReport) -> String {
     format!(
-        "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} in-place updates, {} rejected; last lag {:.1} s\n",
+        "tail: {} records ({} buffered until the backfill finished): {} puts, {} deletes, {} in-place updates, {} rejected, {} already in sync, {} conflicts; last lag {:.1} s\n",
         report.records,
         report.buffered,
         report.puts,
         report.deletes,
         report.updates,
         report.rejected,
+        report.in_sync,
+        report.conflicts,
         report.last_lag_seconds
     )
 }

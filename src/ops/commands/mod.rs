@@ -52,6 +52,7 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Run(cmd) => run::run(c, cmd).await,
         Command::Drain(cmd) => switch::drain(c, cmd).await,
         Command::Cutover(cmd) => switch::cutover(c, cmd).await,
+        Command::Rollback(cmd) => switch::rollback(c, cmd).await,
         Command::Finish(cmd) => switch::finish(c, cmd).await,
         Command::Demo(cmd) => demo::demo(c, cmd).await,
     }

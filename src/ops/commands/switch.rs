@@ -14,7 +14,7 @@ use crate::state::snapshot::show_time;
 /// `rekey drain`: a barrier through the running tail.
 pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
-    if !barrier::tail_has_run(&options.state_dir) {
+    if !barrier::tail_has_run(&options.state_dir, options.flow) {
         eprintln!(
             "note: no tail has published status under {} yet; waiting for one to start",
             options.state_dir.display()
@@ -33,13 +33,13 @@ pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Res
 fn drain_text(report: &DrainReport) -> String {
     if report.complete {
         format!(
-            "drained: the tail applied every source write made before barrier {} ({:.1} s)\n",
-            report.barrier, report.waited_seconds
+            "drained: the {} applied every write made before barrier {} ({:.1} s)\n",
+            report.direction, report.barrier, report.waited_seconds
         )
     } else {
         format!(
-            "not drained: the tail did not report barrier {} within {:.0} s — is `rekey tail` running and keeping up?\n",
-            report.barrier, report.waited_seconds
+            "not drained: the {} did not report barrier {} within {:.0} s — is it running and keeping up?\n",
+            report.direction, report.barrier, report.waited_seconds
         )
     }
 }
@@ -58,7 +58,44 @@ pub(super) async fn cutover(c: &Common, cmd: Planned<CutoverOptions>) -> anyhow:
     })
 }
 
-fn cutover_text(plan: &Plan, report: &CutoverReport) -> String {
+/// `rekey rollback`: the mirror of cutover, through the reverse tail.
+pub(super) async fn rollback(c: &Common, cmd: Planned<CutoverOptions>) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let report = cutover::rollback(&clients, &plan, &options, &progress).await?;
+    print(c, &report, |r| rollback_text(&plan, r))?;
+    Ok(if report.cut_over {
+        exit::OK
+    } else {
+        exit::GATE
+    })
+}
+
+fn rollback_text(plan: &Plan, report: &CutoverReport) -> String {
+    let mut o = gates_text(report);
+    match (&report.record, &report.blocked) {
+        (Some(r), _) => {
+            let _ = writeln!(
+                o,
+                "\nRolled back at {} (drain barrier {}): every write to `{}` until then is in `{}`.\n",
+                show_time(&r.at),
+                r.barrier,
+                r.target_table,
+                r.source_table
+            );
+            let _ = writeln!(o, "{}", cutover::rollback_steps(plan, &plan.path));
+        }
+        (None, Some(why)) => {
+            let _ = writeln!(o, "\nnot rolled back: {why}");
+        }
+        (None, None) => {}
+    }
+    o
+}
+
+/// One line per gate.
+fn gates_text(report: &CutoverReport) -> String {
     let mut o = String::new();
     for g in &report.gates {
         let _ = writeln!(
@@ -69,6 +106,11 @@ fn cutover_text(plan: &Plan, report: &CutoverReport) -> String {
             g.detail
         );
     }
+    o
+}
+
+fn cutover_text(plan: &Plan, report: &CutoverReport) -> String {
+    let mut o = gates_text(report);
     match (&report.record, &report.blocked) {
         (Some(r), _) => {
             let _ = writeln!(

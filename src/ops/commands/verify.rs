@@ -20,7 +20,11 @@ pub(super) async fn verify(c: &Common, cmd: Planned<VerifyOptions>) -> anyhow::R
         print_done(c, &report, in_place_text)?;
         report.result.clean
     } else {
-        let mut report = verify::run(&clients, &plan, &options, &progress).await?;
+        let mut report = if options.reverse {
+            verify::run_reverse(&clients, &plan, &options, &progress).await?
+        } else {
+            verify::run(&clients, &plan, &options, &progress).await?
+        };
         PlanRedactor::new(&plan, c.output.redactor).verify(&mut report);
         print_done(c, &report, verify::render)?;
         report.ok()

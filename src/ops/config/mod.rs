@@ -30,7 +30,7 @@ use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
 use crate::phase::query::QueryOptions;
 use crate::phase::suggest::{self, SuggestRun};
-use crate::phase::tail::TailOptions;
+use crate::phase::tail::{Flow, TailOptions};
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
 
@@ -102,6 +102,7 @@ pub enum Command {
     Run(Planned<RunOptions>),
     Drain(Planned<DrainOptions>),
     Cutover(Planned<CutoverOptions>),
+    Rollback(Planned<CutoverOptions>),
     Finish(Planned<FinishOptions>),
     Query(Planned<QueryOptions>),
     Status(Planned<StateDir>),
@@ -254,11 +255,16 @@ fn command_and_output(
         C::Suggest(a) => (suggest(&a)?, output(a.json, false)),
         C::Backfill(a) => (backfill(&a, false)?, output(a.json, true)),
         C::Undo(a) => (backfill(&a, true)?, output(a.json, true)),
-        C::Tail(a) => (tail(&a)?, output(a.json, true)),
+        C::Tail(a) => (tail(&a, Flow::Forward)?, output(a.json, true)),
+        C::Reverse(a) => (tail(&a, Flow::Reverse)?, output(a.json, true)),
         C::Verify(a) => (verify(&a)?, output(a.json, true)),
         C::Run(a) => (run(&a)?, output(a.json, true)),
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
         C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
+        C::Rollback(a) => (
+            Command::Rollback(switch_options(&a)?),
+            output(a.json, false),
+        ),
         C::Finish(a) => (finish(&a)?, no_progress(a.json)),
         C::Query(a) => (query::query(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
@@ -350,6 +356,7 @@ fn tail_options(state_dir: &StateDir) -> TailOptions {
         write_rate: None,
         poll_interval: TAIL_POLL,
         stop: CancellationToken::new(),
+        flow: Flow::Forward,
     }
 }
 
@@ -372,6 +379,7 @@ fn verify_options(
         restart: false,
         repair: false,
         sample: None,
+        reverse: false,
         max_retries: MAX_RETRIES,
         stop: CancellationToken::new(),
     })
@@ -436,7 +444,8 @@ fn backfill(a: &cli::BackfillArgs, undo: bool) -> anyhow::Result<Command> {
     Ok(Command::Backfill(Planned { plan, options }))
 }
 
-fn tail(a: &cli::TailArgs) -> anyhow::Result<Command> {
+/// `rekey tail` (forwards) and `rekey reverse` (backwards).
+fn tail(a: &cli::TailArgs, flow: Flow) -> anyhow::Result<Command> {
     let plan = Plan::load(&a.plan)?;
     let state_dir = state_dir(&a.plan, &a.state);
     let exit_when_idle = a
@@ -444,12 +453,13 @@ fn tail(a: &cli::TailArgs) -> anyhow::Result<Command> {
         .map(|s| seconds("--exit-when-idle", s))
         .transpose()?;
     let options = TailOptions {
-        rejects: a
-            .rejects
-            .clone()
-            .unwrap_or_else(|| state_dir.tail_rejects()),
+        rejects: a.rejects.clone().unwrap_or_else(|| match flow {
+            Flow::Forward => state_dir.tail_rejects(),
+            Flow::Reverse => state_dir.reverse_rejects(),
+        }),
         exit_when_idle,
         write_rate: a.write_rate,
+        flow,
         ..tail_options(&state_dir)
     };
     Ok(Command::Tail(Planned { plan, options }))
@@ -472,8 +482,21 @@ fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
         restart: a.restart,
         repair: a.repair,
         sample: a.sample,
+        reverse: a.reverse,
         ..verify_options(&state_dir, &a.scan, a.recheck_timeout)?
     };
+    if a.reverse && plan.mode == crate::core::plan::Mode::InPlace {
+        return Err(InputError(
+            "--reverse: an in-place plan has no second table to read back".into(),
+        )
+        .into());
+    }
+    if a.reverse && (a.repair || a.sample.is_some()) {
+        return Err(InputError(
+            "--reverse checks every item and repairs nothing: drop --repair and --sample".into(),
+        )
+        .into());
+    }
     Ok(Command::Verify(Planned { plan, options }))
 }
 
@@ -507,11 +530,21 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
     let options = DrainOptions {
         state_dir: state_dir(&a.plan, &a.state),
         timeout: seconds("--timeout", a.timeout)?,
+        flow: if a.reverse {
+            Flow::Reverse
+        } else {
+            Flow::Forward
+        },
     };
     Ok(Command::Drain(Planned { plan, options }))
 }
 
 fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
+    Ok(Command::Cutover(switch_options(a)?))
+}
+
+/// `cutover` and `rollback` take the same options.
+fn switch_options(a: &cli::CutoverArgs) -> anyhow::Result<Planned<CutoverOptions>> {
     let plan = Plan::load(&a.plan)?;
     let state_dir = state_dir(&a.plan, &a.state);
     let options = CutoverOptions {
@@ -526,7 +559,7 @@ fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
         wait: seconds("--wait", a.wait)?,
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
     };
-    Ok(Command::Cutover(Planned { plan, options }))
+    Ok(Planned { plan, options })
 }
 
 fn finish(a: &cli::FinishArgs) -> anyhow::Result<Command> {
@@ -601,6 +634,8 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Drain => commands.push(P::Drain),
             PolicyCommandArg::Cutover => commands.push(P::Cutover),
             PolicyCommandArg::Query => commands.push(P::Query),
+            PolicyCommandArg::Reverse => commands.push(P::Reverse),
+            PolicyCommandArg::Rollback => commands.push(P::Rollback),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }

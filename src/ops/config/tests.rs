@@ -44,7 +44,7 @@ fn options(c: &Command) -> String {
         Command::Verify(p) => format!("{:?}", p.options),
         Command::Run(p) => format!("{:?}", p.options),
         Command::Drain(p) => format!("{:?}", p.options),
-        Command::Cutover(p) => format!("{:?}", p.options),
+        Command::Cutover(p) | Command::Rollback(p) => format!("{:?}", p.options),
         Command::Finish(p) => format!("{:?}", p.options),
         Command::Query(p) => format!("{:?}", p.options),
         Command::Status(p) => format!("{:?}", p.options),
@@ -102,6 +102,7 @@ fn tail_defaults() -> TailOptions {
         write_rate: None,
         poll_interval: Duration::from_millis(250),
         stop: CancellationToken::new(),
+        flow: crate::phase::tail::Flow::Forward,
     }
 }
 
@@ -119,6 +120,7 @@ fn verify_defaults() -> VerifyOptions {
         restart: false,
         repair: false,
         sample: None,
+        reverse: false,
         max_retries: 10,
         stop: CancellationToken::new(),
     }
@@ -282,6 +284,13 @@ fn copy_cases() -> Vec<(&'static str, String)> {
                 ..verify_defaults()
             }),
         ),
+        (
+            "verify PLAN --reverse",
+            dbg(VerifyOptions {
+                reverse: true,
+                ..verify_defaults()
+            }),
+        ),
         ("run PLAN", dbg(run_defaults())),
         (
             "run PLAN --skip-analyze --allow-hot-keys --exit-when-ready --read-rate 50 --drain-timeout 5 --recheck-timeout 7",
@@ -316,6 +325,15 @@ fn other_cases() -> Vec<(&'static str, String)> {
             dbg(DrainOptions {
                 state_dir: state(),
                 timeout: secs(300),
+                flow: crate::phase::tail::Flow::Forward,
+            }),
+        ),
+        (
+            "drain PLAN --reverse",
+            dbg(DrainOptions {
+                state_dir: state(),
+                timeout: secs(300),
+                flow: crate::phase::tail::Flow::Reverse,
             }),
         ),
         ("cutover PLAN", dbg(cutover_defaults())),

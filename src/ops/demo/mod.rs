@@ -262,6 +262,7 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             write_rate: None,
             poll_interval: Duration::from_millis(250),
             stop: stop.clone(),
+            flow: crate::phase::tail::Flow::Forward,
         },
         verify: VerifyOptions {
             state_dir: state_dir.clone(),
@@ -275,6 +276,7 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             restart: false,
             repair: false,
             sample: None,
+            reverse: false,
             max_retries: 10,
             stop: stop.clone(),
         },

@@ -15,7 +15,15 @@
 //! | verify   | DescribeTable, Scan, BatchGetItem | DescribeStream, GetShardIterator, GetRecords⁵ | DescribeTable, BatchGetItem, Scan |
 //! | drain    | PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |                  |                                       |
 //! | cutover  | DescribeTable, PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |   | DescribeTable                         |
+//! | reverse  | BatchWriteItem, PutItem², DeleteItem², GetItem⁶ | the target's: DescribeStream, GetShardIterator, GetRecords | DescribeTable, GetItem⁶ |
+//! | rollback | DescribeTable                |                                               | DescribeTable, PutItem/DeleteItem of `__rekey__#barrier#*` markers only⁴ |
 //!
+//! ⁶ the guarded writes of a rollback window (`phase::tail::guard`): each
+//!   record's item is read again in the table it came from and the write
+//!   compared with what the other table holds; the forward tail does the
+//!   same once a reverse tail has run, so `reverse` grants GetItem on both
+//!   tables. `rekey finish` after a rollback window also drains the reverse
+//!   tail (the `rollback` marker).
 //!
 //! In place (source = target), backfill, `undo` and tail write with
 //! UpdateItem instead, and read an item back with GetItem after a failed
@@ -70,6 +78,10 @@ pub enum PolicyCommand {
     Cutover,
     /// `rekey query`: reads the target's partition keys.
     Query,
+    /// `rekey reverse`: the target's stream back to the source (issue 13).
+    Reverse,
+    /// `rekey rollback`: the reverse tail's barrier marker in the target.
+    Rollback,
 }
 
 impl PolicyCommand {
@@ -219,7 +231,9 @@ pub mod sid {
     /// In place: the source is the target.
     pub const TABLE: &str = "SourceAndTargetTable";
     pub const STREAM: &str = "SourceStream";
+    pub const TARGET_STREAM: &str = "TargetStream";
     pub const MARKER: &str = "DrainBarrierMarker";
+    pub const TARGET_MARKER: &str = "RollbackBarrierMarker";
     pub const EXPORT_OBJECTS: &str = "ReadExport";
     pub const EXPORT_LIST: &str = "ListExport";
     pub const IMPORT_JOB: &str = "ImportJob";
@@ -242,6 +256,8 @@ struct Needs {
     target: BTreeSet<&'static str>,
     stream: BTreeSet<&'static str>,
     marker: BTreeSet<&'static str>,
+    target_stream: BTreeSet<&'static str>,
+    target_marker: BTreeSet<&'static str>,
     export: bool,
     import: bool,
 }
@@ -337,6 +353,27 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
             Query => {
                 n.target.insert("dynamodb:Query");
             }
+            Reverse => {
+                n.target
+                    .extend(["dynamodb:DescribeTable", "dynamodb:GetItem"]);
+                n.target_stream.extend([
+                    "dynamodb:DescribeStream",
+                    "dynamodb:GetShardIterator",
+                    "dynamodb:GetRecords",
+                ]);
+                n.source.extend([
+                    "dynamodb:BatchWriteItem",
+                    "dynamodb:PutItem",
+                    "dynamodb:DeleteItem",
+                    "dynamodb:GetItem",
+                ]);
+            }
+            Rollback => {
+                n.source.insert("dynamodb:DescribeTable");
+                n.target.insert("dynamodb:DescribeTable");
+                n.target_marker
+                    .extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
+            }
         }
     }
     n
@@ -397,6 +434,7 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
     );
     let source = table_arn(opts, &plan.source_table);
     let target = table_arn(opts, &plan.target_table);
+    let target_arn = target.clone();
     let import_job = format!("{target}/import/*");
     let mut statements = Vec::new();
     if plan.source_table == plan.target_table {
@@ -423,13 +461,26 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
             format!("{source}/stream/*"),
         ));
     }
+    if !n.target_stream.is_empty() && plan.source_table != plan.target_table {
+        statements.push(statement(
+            sid::TARGET_STREAM,
+            &n.target_stream,
+            format!("{target_arn}/stream/*"),
+        ));
+    }
+    let marker_only = json!({
+        "ForAllValues:StringLike": {
+            "dynamodb:LeadingKeys": [format!("{MARKER_PREFIX}*")]
+        }
+    });
     if !n.marker.is_empty() {
         let mut s = statement(sid::MARKER, &n.marker, source.clone());
-        s.condition = Some(json!({
-            "ForAllValues:StringLike": {
-                "dynamodb:LeadingKeys": [format!("{MARKER_PREFIX}*")]
-            }
-        }));
+        s.condition = Some(marker_only.clone());
+        statements.push(s);
+    }
+    if !n.target_marker.is_empty() && plan.source_table != plan.target_table {
+        let mut s = statement(sid::TARGET_MARKER, &n.target_marker, target_arn);
+        s.condition = Some(marker_only);
         statements.push(s);
     }
     if n.export

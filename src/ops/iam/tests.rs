@@ -369,6 +369,8 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
         PolicyCommand::Verify,
         PolicyCommand::Cutover,
         PolicyCommand::Query,
+        PolicyCommand::Reverse,
+        PolicyCommand::Rollback,
     ];
     for plan in [rekey(), in_place()] {
         for (export, import) in [(None, None), (Some("s3://b/p"), Some("s3://b/i"))] {
@@ -387,4 +389,39 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
             }
         }
     }
+}
+
+#[test]
+fn reverse_reads_the_targets_stream_and_writes_the_source_and_rollback_only_marks_the_target() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Reverse, PolicyCommand::Rollback],
+        ..Default::default()
+    };
+    let (m, sids) = by_resource(&policy(&rekey(), &opts));
+    let src = "arn:aws:dynamodb:*:*:table/orders";
+    let dst = "arn:aws:dynamodb:*:*:table/orders_v2";
+    assert_eq!(
+        m[src],
+        set(&[
+            "dynamodb:BatchWriteItem",
+            "dynamodb:DeleteItem",
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+        ])
+    );
+    assert_eq!(m[dst], set(&["dynamodb:DescribeTable", "dynamodb:GetItem"]));
+    assert_eq!(
+        m[&format!("{dst}/stream/*")],
+        set(&[
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator",
+        ])
+    );
+    assert_eq!(
+        m[&format!("{dst}?\"{}\"", sid::TARGET_MARKER)],
+        set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
+    );
+    assert!(!sids.contains(&sid::STREAM.to_string()), "{sids:?}");
 }

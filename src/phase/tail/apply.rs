@@ -44,11 +44,14 @@ const MAX_RETRIES: u32 = 10;
 /// What applying one call's changes did (added to the report once every
 /// write is acknowledged).
 #[derive(Debug, Default)]
-struct Tally {
-    puts: u64,
-    deletes: u64,
-    updates: u64,
-    rejects: Vec<(Item, String)>,
+pub(super) struct Tally {
+    pub puts: u64,
+    pub deletes: u64,
+    pub updates: u64,
+    pub in_sync: u64,
+    pub echoes: u64,
+    pub conflicts: u64,
+    pub rejects: Vec<(Item, String)>,
 }
 
 /// A target write, owned.
@@ -83,8 +86,8 @@ pub(super) struct Reduced {
 
 /// Per source item, changes in stream order: lanes of indices into `changes`,
 /// ordered by each item's first change. Changes without a key share a lane.
-fn lanes(plan: &Plan, changes: &[Change]) -> Vec<Vec<usize>> {
-    let names = plan.source_key.names();
+pub(super) fn lanes(read_key: &KeySchema, changes: &[Change]) -> Vec<Vec<usize>> {
+    let names = read_key.names();
     let mut lane_of: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut lanes: Vec<Vec<usize>> = Vec::new();
     for (i, c) in changes.iter().enumerate() {
@@ -106,14 +109,14 @@ fn lanes(plan: &Plan, changes: &[Change]) -> Vec<Vec<usize>> {
 
 /// Reduce a re-key plan's actions to the final write per target key and lane
 /// (see the module docs). Pure: the unit tests below check each case.
-pub(super) fn reduce(plan: &Plan, changes: &[Change], lanes: &[Vec<usize>]) -> Reduced {
-    let names = plan.target_key.names();
+pub(super) fn reduce(m: &Mapper<'_>, changes: &[Change], lanes: &[Vec<usize>]) -> Reduced {
+    let names = m.flow.write_key(m.plan).names();
     // Target key → its writes, one per lane that touches it, in lane order.
     let mut by_key: HashMap<Vec<u8>, Vec<(usize, Final)>> = HashMap::new();
     let mut rejects = Vec::new();
     for (lane, indices) in lanes.iter().enumerate() {
         for &i in indices {
-            for (a, action) in actions(plan, &changes[i]).into_iter().enumerate() {
+            for (a, action) in mapped_actions(m, &changes[i]).into_iter().enumerate() {
                 let target = match action {
                     Action::Put(item) => Target::Put(item),
                     Action::Delete(key) => Target::Delete(key),
@@ -186,18 +189,38 @@ impl Tail<'_> {
         let mut markers = Vec::new();
         for c in &changes {
             if c.kind == ChangeKind::Insert
-                && let Some(id) = c.new.as_ref().and_then(|n| marker_id(self.plan, n))
+                && let Some(id) = c
+                    .new
+                    .as_ref()
+                    .and_then(|n| marker_id_in(self.opts.flow.read_key(self.plan), n))
             {
                 markers.push((id, c.at));
             }
         }
-        let lanes = lanes(self.plan, &changes);
+        let lanes = lanes(self.opts.flow.read_key(self.plan), &changes);
         let applied = if self.plan.mode == Mode::InPlace {
             apply_lanes(self.clients, self.plan, &self.control, &changes, lanes).await?
+        } else if self.guarded() {
+            self.open_echoes()?;
+            let echoes = self.echoes.as_mut().expect("opened above");
+            guard::apply_guarded(
+                self.clients,
+                &self.mapper,
+                &self.control,
+                &changes,
+                &lanes,
+                echoes,
+                &self.store,
+            )
+            .await?
         } else {
-            let reduced = reduce(self.plan, &changes, &lanes);
-            write_rounds(self.clients, self.plan, &self.control, &changes, reduced).await?
+            let reduced = reduce(&self.mapper, &changes, &lanes);
+            let table = self.opts.flow.write_table(self.plan);
+            write_rounds(self.clients, table, &self.control, &changes, reduced).await?
         };
+        self.report.in_sync += applied.in_sync;
+        self.report.echoes += applied.echoes;
+        self.report.conflicts += applied.conflicts;
         self.report.puts += applied.puts;
         self.report.deletes += applied.deletes;
         self.report.updates += applied.updates;
@@ -230,12 +253,11 @@ impl Tail<'_> {
 /// with several in flight; refused requests become rejects.
 async fn write_rounds(
     clients: &Clients,
-    plan: &Plan,
+    table: &str,
     control: &Control,
     changes: &[Change],
     reduced: Reduced,
 ) -> anyhow::Result<Tally> {
-    let table = plan.target_table.as_str();
     let mut applied = Tally {
         rejects: reduced.rejects,
         ..Tally::default()
@@ -277,7 +299,7 @@ async fn write_rounds(
 
 /// One BatchWriteItem of up to 25 writes of different keys: per write, why
 /// DynamoDB refused it, if it did.
-async fn write_batch(
+pub(super) async fn write_batch(
     clients: &Clients,
     table: &str,
     control: &Control,
@@ -436,7 +458,11 @@ key = { PK = "ST#{@status}" }
     }
 
     fn reduced(p: &Plan, changes: &[Change]) -> Reduced {
-        reduce(p, changes, &lanes(p, changes))
+        reduce(
+            &Mapper::new(p, Flow::Forward),
+            changes,
+            &lanes(&p.source_key, changes),
+        )
     }
 
     /// A write as (put or delete, target PK, change, puts, deletes).

@@ -39,9 +39,8 @@ use crate::aws::streams::{
     now_secs, ready_shards, seq_key,
 };
 use crate::aws::{Clients, TableInfo};
-use crate::core::marker::marker_id;
-use crate::core::plan::{Mode, Plan, TtlDeletes};
-use crate::core::transform::{Outcome, transform};
+use crate::core::marker::marker_id_in;
+use crate::core::plan::{KeySchema, Mode, Plan, TtlDeletes};
 use crate::core::value::{Item, encode_key};
 use crate::phase::error::Stopped;
 use crate::phase::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
@@ -64,6 +63,8 @@ pub struct TailOptions {
     /// Cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping): finish the read
     /// in hand, checkpoint it, publish a stopped status and return `Stopped`.
     pub stop: CancellationToken,
+    /// Source → target (`rekey tail`) or target → source (`rekey reverse`).
+    pub flow: Flow,
 }
 
 /// One stream record as the tail keeps it (buffered or about to apply).
@@ -106,21 +107,20 @@ pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
     if plan.mode == Mode::InPlace {
         return in_place_actions(plan, change);
     }
-    let key_of = |item: &Item| -> Item {
-        plan.target_key
-            .names()
-            .iter()
-            .filter_map(|n| item.get(*n).map(|v| (n.to_string(), v.clone())))
-            .collect()
-    };
-    let old_target = change.old.as_ref().and_then(|o| match transform(plan, o) {
-        Outcome::Put { item, .. } => Some(key_of(&item)),
+    mapped_actions(&Mapper::new(plan, Flow::Forward), change)
+}
+
+/// The writes to the table a direction writes for one change of the table it
+/// reads (a re-key plan): forwards by the transform, backwards by the inverse.
+pub fn mapped_actions(m: &Mapper<'_>, change: &Change) -> Vec<Action> {
+    let old_target = change.old.as_ref().and_then(|o| match m.map(o) {
+        Mapped::Put(item) => Some(m.write_key_of(&item)),
         _ => None,
     });
     let mut out = Vec::new();
     match change.kind {
         ChangeKind::Remove => {
-            if change.ttl && plan.ttl_deletes == TtlDeletes::Ignore {
+            if change.ttl && m.plan.ttl_deletes == TtlDeletes::Ignore {
                 return out;
             }
             if let Some(k) = old_target {
@@ -129,25 +129,25 @@ pub fn actions(plan: &Plan, change: &Change) -> Vec<Action> {
         }
         ChangeKind::Insert | ChangeKind::Modify => {
             let Some(new) = &change.new else { return out };
-            match transform(plan, new) {
-                Outcome::Put { item, .. } => {
+            match m.map(new) {
+                Mapped::Put(item) => {
                     if let Some(k) = old_target
-                        && k != key_of(&item)
+                        && k != m.write_key_of(&item)
                     {
                         out.push(Action::Delete(k));
                     }
                     out.push(Action::Put(item));
                 }
-                Outcome::Reject(r) => {
+                Mapped::Reject(reason) => {
                     if let Some(k) = old_target {
                         out.push(Action::Delete(k));
                     }
                     out.push(Action::Reject {
                         item: new.clone(),
-                        reason: r.to_string(),
+                        reason,
                     });
                 }
-                Outcome::Skip => {
+                Mapped::Skip => {
                     if let Some(k) = old_target {
                         out.push(Action::Delete(k));
                     }
@@ -203,13 +203,23 @@ pub struct TailReport {
     /// In place: conditional UpdateItems written.
     pub updates: u64,
     pub rejected: u64,
+    /// Guarded writes not made: the table written already held them.
+    pub in_sync: u64,
+    /// Guarded: records that were the other direction's writes coming back.
+    pub echoes: u64,
+    /// Guarded writes not made: the table written had changed independently.
+    pub conflicts: u64,
     /// Seconds between the last applied record's creation and its application.
     pub last_lag_seconds: f64,
     pub shards: usize,
 }
 
 mod apply;
+mod flow;
+mod guard;
 mod publish;
+
+pub use flow::{Flow, Mapped, Mapper};
 
 const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
 
@@ -243,6 +253,8 @@ struct Tail<'a> {
     clients: &'a Clients,
     plan: &'a Plan,
     opts: &'a TailOptions,
+    /// The direction's mapping (transform or inverse).
+    mapper: Mapper<'a>,
     store: StateStore,
     control: Control,
     rejects: RejectsFile,
@@ -251,6 +263,8 @@ struct Tail<'a> {
     /// Barrier id → (state, marker creation time).
     barriers: BTreeMap<String, (BarrierState, f64)>,
     published: Option<Instant>,
+    /// Guarded: the echo ledgers (`guard`), opened when first needed.
+    echoes: Option<crate::state::echoes::Echoes>,
 }
 
 pub async fn run(
@@ -259,9 +273,13 @@ pub async fn run(
     opts: &TailOptions,
     progress: &Progress,
 ) -> anyhow::Result<TailReport> {
-    let info = clients.describe_table(&plan.source_table).await?;
-    info.check_key(&plan.source_key, "source")?;
-    let stream = source_stream(&info)?;
+    let flow = opts.flow;
+    if flow == Flow::Reverse {
+        reversible(plan)?;
+    }
+    let info = clients.describe_table(flow.read_table(plan)).await?;
+    info.check_key(flow.read_key(plan), flow.read_role())?;
+    let stream = source_stream(&info, flow)?;
     let mut t = Tail::open(clients, plan, opts)?;
     let mut iterators: HashMap<String, String> = HashMap::new();
     let mut last_record = Instant::now();
@@ -282,8 +300,7 @@ pub async fn run(
         if opts.stop.is_cancelled() {
             break;
         }
-        let backfill_done = opts.state_dir.is_backfill_done();
-        if backfill_done && !t.drained()? {
+        if t.backfill_done() && !t.drained()? {
             t.drain_buffer().await?;
             t.store.put("tail/buffer_drained", &true)?;
             t.store.flush()?;
@@ -312,7 +329,7 @@ pub async fn run(
     }
     progress.finish();
     t.rejects.flush_len()?;
-    let path = opts.state_dir.tail_snapshot();
+    let path = flow.snapshot(&opts.state_dir);
     if let Some(mut last) = snapshot::read::<TailStatus>(&path)? {
         last.stopped = true;
         last.updated_at = time(now_secs());
@@ -324,18 +341,50 @@ pub async fn run(
     Ok(t.report)
 }
 
-/// The source's stream ARN, or why the tail cannot follow the table.
-fn source_stream(info: &TableInfo) -> anyhow::Result<String> {
+/// The reverse tail needs a second table and a plan whose every rule reads
+/// back (`rekey check` says the same); else a clear error (exit 2), not a
+/// rejects file with every item in it.
+fn reversible(plan: &Plan) -> anyhow::Result<()> {
+    if plan.mode == Mode::InPlace {
+        anyhow::bail!(crate::phase::error::InputError(
+            "the plan is in place: there is no second table to replicate back to (use `rekey undo`)".into()
+        ));
+    }
+    let not: Vec<String> = crate::core::inverse::reversibility(plan)
+        .into_iter()
+        .filter(|r| !r.reversible())
+        .map(|r| {
+            let why: Vec<String> = r.reasons.iter().map(ToString::to_string).collect();
+            format!("rule `{}`: {}", r.rule, why.join("; "))
+        })
+        .collect();
+    if !not.is_empty() {
+        anyhow::bail!(crate::phase::error::InputError(format!(
+            "the plan cannot be replicated back, so it cannot be rolled back: {} (`rekey check` says what to change)",
+            not.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The stream ARN of the table read, or why the tail cannot follow it.
+fn source_stream(info: &TableInfo, flow: Flow) -> anyhow::Result<String> {
+    let when = match flow {
+        Flow::Forward => "before the backfill starts",
+        Flow::Reverse => {
+            "before the cutover (the reverse tail replicates the target's writes back to the source from then on)"
+        }
+    };
     match &info.stream {
         Some(s) if s.view == "NEW_AND_OLD_IMAGES" => Ok(s.arn.clone()),
         Some(s) => anyhow::bail!(crate::phase::error::InputError(format!(
             "table `{}` streams {} images; rekey needs NEW_AND_OLD_IMAGES to follow key-changing updates and deletes. \
              The view type cannot be changed in place: disable the stream and enable it again with \
-             StreamViewType=NEW_AND_OLD_IMAGES (a new stream), before starting the backfill",
+             StreamViewType=NEW_AND_OLD_IMAGES (a new stream), {when}",
             info.name, s.view
         ))),
         None => anyhow::bail!(crate::phase::error::InputError(format!(
-            "table `{}` has no stream. Enable one before the backfill starts: aws dynamodb update-table --table-name {} \
+            "table `{}` has no stream. Enable one {when}: aws dynamodb update-table --table-name {} \
              --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES",
             info.name, info.name
         ))),
@@ -344,7 +393,7 @@ fn source_stream(info: &TableInfo) -> anyhow::Result<String> {
 
 impl<'a> Tail<'a> {
     fn open(clients: &'a Clients, plan: &'a Plan, opts: &'a TailOptions) -> anyhow::Result<Self> {
-        let store = StateStore::open(&opts.state_dir.tail_store(), plan)?;
+        let store = StateStore::open(&opts.flow.store(&opts.state_dir), plan)?;
         let rejects = RejectsFile::open_truncated(
             &opts.rejects,
             store.get("tail/rejects_len")?.unwrap_or(0),
@@ -358,6 +407,7 @@ impl<'a> Tail<'a> {
             clients,
             plan,
             opts,
+            mapper: Mapper::new(plan, opts.flow),
             store,
             control: Control::new(None, opts.write_rate),
             rejects,
@@ -365,6 +415,7 @@ impl<'a> Tail<'a> {
             progress: HashMap::new(),
             barriers,
             published: None,
+            echoes: None,
         })
     }
 
@@ -435,7 +486,7 @@ impl<'a> Tail<'a> {
         self.report.records += changes.len() as u64;
         let got_any = !changes.is_empty();
         let newest = changes.last().map(|(_, c)| c.at);
-        if self.drained()? && self.opts.state_dir.is_backfill_done() {
+        if self.drained()? && self.backfill_done() {
             self.apply_all(changes.into_iter().map(|(_, c)| c).collect())
                 .await?;
         } else {
@@ -517,6 +568,12 @@ impl Tail<'_> {
         })
     }
 
+    /// Whether records are applied (else buffered): forwards once the
+    /// backfill is done; backwards always (the source is complete).
+    fn backfill_done(&self) -> bool {
+        self.opts.flow == Flow::Reverse || self.opts.state_dir.is_backfill_done()
+    }
+
     fn drained(&self) -> anyhow::Result<bool> {
         Ok(self.store.get::<bool>("tail/buffer_drained")? == Some(true))
     }
@@ -546,6 +603,7 @@ impl Tail<'_> {
 mod tests {
     use super::*;
     use crate::aws::streams::fixtures::{lineage, progress};
+    use crate::core::transform::{Outcome, transform};
     use crate::core::value::Value;
 
     const PLAN: &str = r#"

@@ -30,7 +30,7 @@ impl Tail<'_> {
         }
         self.published = Some(Instant::now());
         let now = now_secs();
-        let applying = self.drained()? && self.opts.state_dir.is_backfill_done();
+        let applying = self.drained()? && self.backfill_done();
         let open: Vec<&str> = ready.iter().map(String::as_str).collect();
         let lineage = Lineage {
             open: &open,
@@ -57,13 +57,16 @@ impl Tail<'_> {
             updated_at: time(now),
             applied_through: (applying && through.is_finite()).then(|| time(through)),
             lag_seconds: if applying { lag } else { None },
-            backfill_done: self.opts.state_dir.is_backfill_done(),
+            backfill_done: self.backfill_done(),
             records: self.report.records,
             buffered: self.report.buffered,
             puts: self.report.puts,
             deletes: self.report.deletes,
             updates: self.report.updates,
             rejected: self.report.rejected,
+            in_sync: self.report.in_sync,
+            echoes: self.report.echoes,
+            conflicts: self.report.conflicts,
             shards: shards
                 .iter()
                 .map(|s| {
@@ -104,7 +107,7 @@ impl Tail<'_> {
             stopped: false,
         };
         self.store.put("tail/status", &status)?;
-        let path = self.opts.state_dir.tail_snapshot();
+        let path = self.opts.flow.snapshot(&self.opts.state_dir);
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&status)?)
             .with_context(|| format!("cannot write {}", tmp.display()))?;

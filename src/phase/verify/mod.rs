@@ -68,6 +68,7 @@ mod orphans;
 mod recheck;
 mod repair;
 mod report;
+mod reverse;
 
 use forward::*;
 use ledger::*;
@@ -77,6 +78,7 @@ pub use recheck::{TailWait, wait_for_tail};
 use repair::*;
 pub use report::render;
 use report::*;
+pub use reverse::run_reverse;
 /// How far past a candidate's discovery the tail must have applied.
 const MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 /// Re-check rounds before a candidate whose source keeps changing is unconfirmed.
@@ -101,6 +103,8 @@ pub struct VerifyOptions {
     pub repair: bool,
     /// Percent of source items to verify (forward only); None: all, both ways.
     pub sample: Option<f64>,
+    /// `--reverse`: the source against inverse(target) ([`run_reverse`]).
+    pub reverse: bool,
     pub max_retries: u32,
     /// Cancelled (Ctrl-C, SIGTERM, `rekey run` stopping): checkpoint and
     /// return `Stopped`; a rerun resumes.

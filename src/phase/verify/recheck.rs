@@ -16,17 +16,36 @@ pub enum TailWait {
     Behind(String),
 }
 
-/// Wait until the tail has applied every source write before `through`.
+/// Wait until the tail has applied every source write before `through` —
+/// and, in a rollback's window (a reverse tail runs), until the reverse tail
+/// has applied every target write before it too, since either table may
+/// then be the one the application writes.
 pub async fn wait_for_tail(
     state_dir: &StateDir,
     through: DateTime<Utc>,
     timeout: Duration,
     stale_after: Duration,
 ) -> TailWait {
-    let path = state_dir.tail_snapshot();
+    let forward = wait_for_one(&state_dir.tail_snapshot(), through, timeout, stale_after).await;
+    if matches!(forward, TailWait::Behind(_)) || !state_dir.reverse_snapshot().exists() {
+        return forward;
+    }
+    match wait_for_one(&state_dir.reverse_snapshot(), through, timeout, stale_after).await {
+        TailWait::Behind(why) => TailWait::Behind(format!("reverse: {why}")),
+        _ => forward,
+    }
+}
+
+/// One direction's tail, by its status file.
+async fn wait_for_one(
+    path: &std::path::Path,
+    through: DateTime<Utc>,
+    timeout: Duration,
+    stale_after: Duration,
+) -> TailWait {
     let start = Instant::now();
     loop {
-        let text = match std::fs::read_to_string(&path) {
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return TailWait::NoTail,
             Err(e) => return TailWait::Behind(format!("cannot read {}: {e}", path.display())),

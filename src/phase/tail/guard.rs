@@ -1,0 +1,344 @@
+//! Guarded writes: why two tails running in opposite directions never loop,
+//! and an echo never undoes an application write.
+//!
+//! During a rollback's deploy window the forward tail writes the target,
+//! whose stream feeds the reverse tail, which writes the source, whose stream
+//! feeds the forward tail. While a reverse tail exists, both directions apply
+//! each record under three rules:
+//!
+//! 1. **An echo is not written back.** Every write a guarded tail makes is
+//!    announced first in its echo ledger (`state::echoes`); a record whose
+//!    key and new image (or deletion) the other direction announced is that
+//!    write coming back, and is taken, not applied. So tail writes are bounded
+//!    by application writes, by construction
+//!    (`rollback::both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge`).
+//! 2. **The current state, not a stale record.** The item is read again
+//!    (consistent GetItem) in the table the stream belongs to. If it no
+//!    longer holds the record's new image, a later record carries the newer
+//!    state: only the record's delete of an old key is applied (what the item
+//!    maps to now is not there), never its old put. Replaying an item changed
+//!    back and forth (A → B → A) therefore never writes B.
+//! 3. **Nothing already held.** A put equal to what the table written holds
+//!    is not made (`in_sync`).
+//! 4. **The source wins a conflict.** The reverse tail writes the source only
+//!    where the source still holds what the record's old image reads back to
+//!    (or what an image of an earlier, stale record of the same target item
+//!    reads back to: kept in `tail/pending/` in its store, so kill -9 keeps
+//!    them): a source
+//!    item written since by the application is a `conflict` and is left as
+//!    it is — the forward tail carries it to the target, over the target's
+//!    write. The forward tail writes regardless (a delete only of a version
+//!    of the same item). So an item written on both sides in the window ends
+//!    as the source's write on both tables, whole, with no ping-pong: the
+//!    source is the table of record until `rekey finish`, and a rollback must
+//!    never lose what the old application wrote.
+//!
+//! Records are applied one at a time in stream order (two target keys of one
+//! source item, a move, touch one source key), each write acknowledged
+//! before the next check.
+
+use super::apply::{Final, Tally, Target, write_batch};
+use super::*;
+
+use crate::aws::item::get_item;
+use crate::state::echoes::{Echoes, entry};
+
+impl Tail<'_> {
+    /// Whether writes are guarded: always backwards, and forwards once a
+    /// reverse tail has run for this migration.
+    pub(super) fn guarded(&self) -> bool {
+        self.opts.flow == Flow::Reverse || self.opts.state_dir.reverse_store().exists()
+    }
+
+    /// The echo ledgers, opened on the first guarded call.
+    pub(super) fn open_echoes(&mut self) -> anyhow::Result<()> {
+        if self.echoes.is_none() {
+            let flow = self.opts.flow;
+            let dir = &self.opts.state_dir;
+            self.echoes = Some(Echoes::open(&flow.ledger(dir), &flow.other().ledger(dir))?);
+        }
+        Ok(())
+    }
+}
+
+/// What a guarded write finds in the table written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Check {
+    Write,
+    InSync,
+    Conflict,
+}
+
+/// What a write may replace, besides what it would write.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Replaces<'a> {
+    /// Forwards: anything for a put; for a delete, only a version of the
+    /// same item (what is held maps back to the key of the item changed).
+    Forward { same_item: bool },
+    /// Backwards: only what the record's (or a pending) old image reads back
+    /// to at that key — the source wins a conflict.
+    Reverse(&'a [Option<Item>]),
+}
+
+/// Pure: a write (`wanted`: the item, or None for a delete) against what the
+/// table holds at its key.
+pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, replaces: Replaces<'_>) -> Check {
+    let ok = match replaces {
+        _ if held == wanted => return Check::InSync,
+        Replaces::Forward { same_item } => wanted.is_some() || same_item,
+        Replaces::Reverse(before) => before.iter().any(|b| b.as_ref() == held),
+    };
+    if ok { Check::Write } else { Check::Conflict }
+}
+
+/// Apply records by the rules in the module docs; return when every write is
+/// acknowledged.
+pub(super) async fn apply_guarded(
+    clients: &Clients,
+    m: &Mapper<'_>,
+    control: &Control,
+    changes: &[Change],
+    lanes: &[Vec<usize>],
+    echoes: &mut Echoes,
+    store: &StateStore,
+) -> anyhow::Result<Tally> {
+    let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
+    order.sort_unstable();
+    let mut tally = Tally::default();
+    for i in order {
+        let c = &changes[i];
+        let Some(any) = c.new.as_ref().or(c.old.as_ref()) else {
+            continue;
+        };
+        let key = m.read_key_of(any);
+        let image = c.new.as_ref().filter(|_| c.kind != ChangeKind::Remove);
+        if echoes.take(&entry(&key, image))? {
+            tally.echoes += 1;
+            continue;
+        }
+        let read_table = m.flow.read_table(m.plan);
+        let now = get_item(clients, read_table, &key, true)
+            .await
+            .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
+        let current = now.as_ref() == image;
+        let before = c.old.as_ref().and_then(|o| match m.map(o) {
+            Mapped::Put(item) => Some(item),
+            _ => None,
+        });
+        // Backwards: what this item's writes may replace in the source.
+        let mut replaceable = vec![before.clone()];
+        if m.flow == Flow::Reverse {
+            // The images of the stale records since this key's last applied
+            // one: the source may hold what any of them reads back to.
+            let pending = format!("tail/pending/{}", hex(&entry(&key, None).0));
+            // (None: the item absent.)
+            let mut seen: Vec<Option<Item>> = store.get(&pending)?.unwrap_or_default();
+            if current {
+                replaceable.extend(seen.iter().map(|o| match o.as_ref().map(|o| m.map(o)) {
+                    Some(Mapped::Put(item)) => Some(item),
+                    _ => None,
+                }));
+                store.remove(&pending)?;
+            } else {
+                seen.extend([c.old.clone(), image.cloned()]);
+                seen.dedup();
+                store.put(&pending, &seen)?;
+            }
+        }
+        let actions = if current {
+            mapped_actions(m, c)
+        } else {
+            // Stale: only the old key's delete, if the item maps elsewhere now.
+            let now_key = now.as_ref().and_then(|n| match m.map(n) {
+                Mapped::Put(item) => Some(m.write_key_of(&item)),
+                _ => None,
+            });
+            before
+                .iter()
+                .map(|b| m.write_key_of(b))
+                .filter(|k| Some(k) != now_key.as_ref())
+                .map(Action::Delete)
+                .collect()
+        };
+        for (a, action) in actions.into_iter().enumerate() {
+            let target = match action {
+                Action::Put(item) => Target::Put(item),
+                Action::Delete(key) => Target::Delete(key),
+                Action::Reject { item, reason } => {
+                    tally.rejects.push((item, reason));
+                    continue;
+                }
+                Action::Update(w) => {
+                    tally.rejects.push((
+                        w.key,
+                        "an in-place update in a guarded tail (a bug in rekey)".into(),
+                    ));
+                    continue;
+                }
+            };
+            let w = Guarded {
+                target,
+                order: (i, a),
+                read_key: &key,
+                replaceable: &replaceable,
+            };
+            write_one(clients, m, control, echoes, w, &mut tally).await?;
+        }
+    }
+    Ok(tally)
+}
+
+/// One write to check and make.
+struct Guarded<'a> {
+    target: Target,
+    order: (usize, usize),
+    /// The key of the item changed, in the table read.
+    read_key: &'a Item,
+    /// Backwards: the images (mapped) the write may replace.
+    replaceable: &'a [Option<Item>],
+}
+
+fn hex(d: &[u8; 16]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One write after its check: announced in the ledger, then sent.
+async fn write_one(
+    clients: &Clients,
+    m: &Mapper<'_>,
+    control: &Control,
+    echoes: &mut Echoes,
+    w: Guarded<'_>,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    let Guarded {
+        target,
+        order,
+        read_key,
+        replaceable,
+    } = w;
+    let write_table = m.flow.write_table(m.plan);
+    let (key, wanted) = match &target {
+        Target::Put(item) => (m.write_key_of(item), Some(item)),
+        Target::Delete(key) => (key.clone(), None),
+    };
+    let held = get_item(clients, write_table, &key, true)
+        .await
+        .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
+    let replaces = match m.flow {
+        Flow::Forward => Replaces::Forward {
+            same_item: held
+                .as_ref()
+                .is_some_and(|h| m.back_key(h).as_ref() == Some(read_key)),
+        },
+        Flow::Reverse => Replaces::Reverse(replaceable),
+    };
+    // A replaceable image elsewhere than this key stands for nothing here.
+    let here: Vec<Option<Item>>;
+    let replaces = match replaces {
+        Replaces::Reverse(r) => {
+            here = r
+                .iter()
+                .map(|b| b.clone().filter(|b| m.write_key_of(b) == key))
+                .collect();
+            Replaces::Reverse(&here)
+        }
+        f => f,
+    };
+    match check(wanted, held.as_ref(), replaces) {
+        Check::InSync => tally.in_sync += 1,
+        Check::Conflict => {
+            tracing::info!(
+                table = write_table,
+                "guarded tail: conflict, delete not made"
+            );
+            tally.conflicts += 1;
+        }
+        Check::Write => {
+            echoes.announce(&entry(&key, wanted))?;
+            let put = u64::from(wanted.is_some());
+            let f = Final {
+                target: target.clone(),
+                order,
+                puts: put,
+                deletes: 1 - put,
+            };
+            match write_batch(clients, write_table, control, &[f])
+                .await?
+                .into_iter()
+                .next()
+                .flatten()
+            {
+                None => {
+                    tally.puts += put;
+                    tally.deletes += 1 - put;
+                }
+                Some(reason) => tally.rejects.push((wanted.cloned().unwrap_or(key), reason)),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::value::Value;
+
+    fn it(v: &str) -> Item {
+        let mut i = Item::new();
+        i.insert("PK".into(), Value::S("k".into()));
+        i.insert("v".into(), Value::S(v.into()));
+        i
+    }
+
+    #[test]
+    fn forwards_a_put_is_made_unless_held_and_a_delete_only_of_the_same_item() {
+        let (a, b) = (it("a"), it("b"));
+        let same = Replaces::Forward { same_item: true };
+        let other = Replaces::Forward { same_item: false };
+        assert_eq!(check(Some(&b), Some(&b), same), Check::InSync);
+        assert_eq!(check(None, None, other), Check::InSync);
+        assert_eq!(check(Some(&b), Some(&a), same), Check::Write);
+        assert_eq!(check(Some(&b), None, other), Check::Write);
+        assert_eq!(check(None, Some(&a), same), Check::Write);
+        // Another item at that key: not deleted.
+        assert_eq!(check(None, Some(&a), other), Check::Conflict);
+    }
+
+    #[test]
+    fn backwards_the_source_wins_a_conflict() {
+        let (a, b, c) = (it("a"), it("b"), it("c"));
+        let from_a = [Some(a.clone())];
+        // The source still holds what the target's old image reads back to.
+        assert_eq!(
+            check(Some(&b), Some(&a), Replaces::Reverse(&from_a)),
+            Check::Write
+        );
+        assert_eq!(
+            check(None, Some(&a), Replaces::Reverse(&from_a)),
+            Check::Write
+        );
+        assert_eq!(
+            check(Some(&b), None, Replaces::Reverse(&[None])),
+            Check::Write
+        );
+        // The application wrote the source since: left as it is.
+        assert_eq!(
+            check(Some(&b), Some(&c), Replaces::Reverse(&from_a)),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(None, Some(&c), Replaces::Reverse(&from_a)),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(Some(&b), Some(&c), Replaces::Reverse(&[None])),
+            Check::Conflict
+        );
+        assert_eq!(
+            check(Some(&b), Some(&b), Replaces::Reverse(&from_a)),
+            Check::InSync
+        );
+    }
+}
