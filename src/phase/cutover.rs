@@ -55,6 +55,8 @@ pub struct Evidence {
     /// tail's status, its rejects, and whether a cutover is recorded).
     pub flow: Flow,
     pub cut_over: bool,
+    /// When the cutover being rolled back was recorded.
+    pub cut_over_at: Option<chrono::DateTime<chrono::Utc>>,
     pub backfill_done: bool,
     pub backfill: Option<BackfillStatus>,
     pub tail: Option<TailStatus>,
@@ -80,7 +82,8 @@ impl Evidence {
         let cutover: Option<CutoverRecord> = snapshot::read(&state_dir.cutover_record())?;
         Ok(Evidence {
             flow,
-            cut_over: cutover.is_some_and(|c| c.finished_at.is_none()),
+            cut_over: cutover.as_ref().is_some_and(|c| c.finished_at.is_none()),
+            cut_over_at: cutover.as_ref().map(|c| c.at),
             backfill_done: state_dir.is_backfill_done(),
             backfill: snapshot::read(&state_dir.backfill_snapshot())?,
             tail_running: tail.as_ref().is_some_and(|t| snapshot::alive(t.pid)),
@@ -205,6 +208,12 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             }
         }
     };
+    let verify = match (e.flow, &e.verify) {
+        (Flow::Reverse, Some(v)) if verify.ok => {
+            rollback_verify(v, e.cut_over_at).unwrap_or(verify)
+        }
+        _ => verify,
+    };
     let rejects = gate(
         "no unresolved rejects",
         e.rejects == 0 || opts.accept_rejects,
@@ -240,6 +249,32 @@ pub async fn cutover(
     progress: &Progress,
 ) -> anyhow::Result<CutoverReport> {
     switch(clients, plan, opts, progress, Flow::Forward).await
+}
+
+/// A clean, recent verify is a rollback's evidence only when it read the
+/// source back from the target (`--reverse`) after the cutover: one from
+/// before it knows nothing of the writes the application made to the target
+/// since. The failing gate, or None when `v` will do.
+fn rollback_verify(
+    v: &VerifyResult,
+    cut_over_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<Gate> {
+    let fail = |detail: &str| Gate {
+        name: "clean verify".into(),
+        ok: false,
+        detail: detail.into(),
+    };
+    if !v.reverse {
+        return Some(fail(
+            "the last verify was forward; a rollback needs `rekey verify --reverse`",
+        ));
+    }
+    match cut_over_at {
+        Some(at) if v.started_at < at => Some(fail(
+            "the last reverse verify started before the cutover; run `rekey verify --reverse` again",
+        )),
+        _ => None,
+    }
 }
 
 /// `rekey rollback`: the mirror of a cutover. The gates read the reverse
@@ -509,6 +544,7 @@ mod tests {
         Evidence {
             flow: Flow::Forward,
             cut_over: false,
+            cut_over_at: None,
             backfill_done: true,
             backfill: None,
             tail: Some(TailStatus {
@@ -532,6 +568,7 @@ mod tests {
             finished_at,
             clean,
             sample_percent: None,
+            reverse: false,
             counts: Default::default(),
         }
     }
@@ -546,7 +583,12 @@ mod tests {
         let back = Evidence {
             flow: Flow::Reverse,
             cut_over: true,
+            cut_over_at: Some(now - chrono::Duration::seconds(120)),
             backfill_done: false,
+            verify: Some(VerifyResult {
+                reverse: true,
+                ..verify_result(true, now - chrono::Duration::seconds(60))
+            }),
             ..ready(now)
         };
         assert!(failing(&gates(&back, &opts(), now)).is_empty());
@@ -567,6 +609,41 @@ mod tests {
             failing(&gates(&behind, &opts(), now)),
             ["reverse tail caught up"]
         );
+    }
+
+    #[test]
+    fn a_rollback_needs_a_reverse_verify_started_after_the_cutover() {
+        let now = chrono::Utc::now();
+        let verified = |reverse, secs_ago| {
+            Some(VerifyResult {
+                reverse,
+                ..verify_result(true, now - chrono::Duration::seconds(secs_ago))
+            })
+        };
+        let back = Evidence {
+            flow: Flow::Reverse,
+            cut_over: true,
+            cut_over_at: Some(now - chrono::Duration::seconds(120)),
+            ..ready(now)
+        };
+        for (reverse, secs_ago, ok) in [(true, 60, true), (false, 60, false), (true, 300, false)] {
+            let e = Evidence {
+                verify: verified(reverse, secs_ago),
+                ..back.clone()
+            };
+            let g = gates(&e, &opts(), now);
+            assert_eq!(
+                failing(&g).is_empty(),
+                ok,
+                "reverse {reverse}, {secs_ago} s ago: {g:?}"
+            );
+        }
+        // A cutover's gate takes either direction.
+        let e = Evidence {
+            verify: verified(false, 60),
+            ..ready(now)
+        };
+        assert!(failing(&gates(&e, &opts(), now)).is_empty());
     }
 
     #[test]

@@ -318,6 +318,10 @@ pub struct VerifyResult {
     pub clean: bool,
     /// Set for a `--sample` run: only that share of the source was checked, forward only.
     pub sample_percent: Option<f64>,
+    /// `rekey verify --reverse`: the source checked against inverse(target),
+    /// the evidence a rollback needs.
+    #[serde(default)]
+    pub reverse: bool,
     pub counts: Counts,
 }
 
@@ -511,6 +515,7 @@ mod tests {
             finished_at: Utc::now(),
             clean,
             sample_percent: None,
+            reverse: false,
             counts: Counts::default(),
         };
         let (clean, dirty) = (verify(true), verify(false));

@@ -523,6 +523,17 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
     let held = statuses(&o.env, &o.source).await;
     let seed = Rng::from_time().next();
     target_writer(&o.env, &o.plan, &o.target, (0, 250), held, 200, seed).await;
+    // The run's verify predates the cutover: a rollback wants one of the source read back.
+    let out = o
+        .env
+        .rekey(&["rollback", plan_s, "--state-dir", state_s, "--wait", "0"]);
+    assert!(
+        !out.status.success(),
+        "a rollback on the run's forward verify"
+    );
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("rekey verify --reverse"), "{text}");
+    verify_clean(&o, &["--reverse"]);
     let (code, text) = switch(&o, "rollback");
     assert_eq!(code, 0, "rollback: {text}");
     assert_eq!(exact(&o).await, (0, 0, 0), "exact after the rollback");

@@ -3,8 +3,10 @@
 //! numbers justify; on tables shaped like the other example plans it
 //! proposes rules that match the same shapes; every plan it writes passes
 //! `rekey check`, and `rekey analyze` at the same rate finds no key over the
-//! limit. Unusual tables get a clear answer and no plan.
+//! limit. Unusual tables get a clear answer and no plan. A suggested plan
+//! migrates the demo's table, and `rekey query` reads a tenant's day back.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use rekey::core::plan::{KeyAttr, KeySchema, Plan};
@@ -231,6 +233,73 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
     assert_eq!(r["sampled"], 500, "{r:#}");
     assert_eq!(r["whole_table"], false);
     assert_eq!(r["shapes"][0]["pk"], "TENANT#{tenant}#DAY#{day}");
+}
+
+/// The newcomer's path the README walks: a plan suggested from the demo's
+/// data, a backfill with it, and a tenant's day paged back through every
+/// shard with `rekey query`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_back() {
+    let env = TestEnv::start().await;
+    let table = env.table_name("orders");
+    env.create_table(&table, &pk_sk()).await;
+    let items = rekey::ops::demo::generate(2000);
+    env.put(&table, &items).await;
+    env.create_table(&format!("{table}_rekeyed"), &pk_sk())
+        .await;
+    let (_, plan_path) = suggest(&env, &table, "20000", &[]);
+    let p = plan_path.to_str().unwrap();
+    let state = env.dir.path().join("state");
+    let out = env.rekey(&["backfill", p, "--state-dir", state.to_str().unwrap()]);
+    assert!(out.status.success(), "backfill: {}", stderr(&out));
+
+    // The demo's hottest tenant-day, and its orders in sort-key order.
+    let mut days: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for i in &items {
+        if let (Some(Value::S(pk)), Some(Value::S(sk))) = (i.get("PK"), i.get("SK"))
+            && sk.starts_with("ORDER#")
+        {
+            days.entry(pk.clone()).or_default().insert(sk.clone());
+        }
+    }
+    let (pk, want) = days.into_iter().max_by_key(|(_, v)| v.len()).unwrap();
+    let parts: Vec<&str> = pk.split('#').collect();
+    assert_eq!((parts[0], parts[2]), ("TENANT", "DAY"), "{pk}");
+    let where_ = format!("tenant={},day={}", parts[1], parts[3]);
+    let mut got = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = vec![
+            "--show-keys",
+            "query",
+            p,
+            "--where",
+            &where_,
+            "--limit",
+            "7",
+            "--json",
+        ];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let out = env.rekey(&args);
+        assert!(out.status.success(), "query: {}", stderr(&out));
+        let lines: Vec<Json> = stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let (summary, page) = lines.split_last().unwrap();
+        assert!(page.len() <= 7);
+        got.extend(
+            page.iter()
+                .map(|i| i["SK"]["S"].as_str().unwrap().to_string()),
+        );
+        match summary["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(got, want.into_iter().collect::<Vec<_>>());
 }
 
 fn kv(pk: &str, sk: &str) -> Item {

@@ -85,6 +85,7 @@ pub async fn run(
         finished_at: Utc::now(),
         clean: c.differences() == 0,
         sample_percent: None,
+        reverse: false,
         counts: c,
     };
     crate::state::snapshot::publish(&opts.state_dir.verify_snapshot(), &result)?;

@@ -504,6 +504,7 @@ pub async fn run(
         finished_at: Utc::now(),
         clean: counts.differences() == 0,
         sample_percent: meta.sample,
+        reverse: false,
         counts,
     };
     let mismatches_file = opts.state_dir.mismatches();

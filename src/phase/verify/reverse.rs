@@ -140,6 +140,7 @@ pub async fn run_reverse(
         finished_at: Utc::now(),
         clean,
         sample_percent: None,
+        reverse: true,
         counts,
     };
     std::fs::create_dir_all(opts.state_dir.verify_store())
