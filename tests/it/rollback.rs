@@ -283,25 +283,32 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
     );
 }
 
+/// `rekey CMD` (tail or reverse) on the migration, exiting once idle for `secs`.
+fn idle_tail(o: &Orders, cmd: &str, secs: &str) -> std::process::Child {
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    o.env.spawn(&[
+        cmd,
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--json",
+        "--exit-when-idle",
+        secs,
+    ])
+}
+
+/// Both tails, (forward, reverse): the reverse one first, so the forward tail
+/// guards from its first write.
+async fn both_tails(o: &Orders, secs: &str) -> (std::process::Child, std::process::Child) {
+    let reverse = idle_tail(o, "reverse", secs);
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+    (idle_tail(o, "tail", secs), reverse)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge() {
     let o = migrated(300).await;
-    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
-    let idle = |cmd: &'static str| {
-        [
-            cmd,
-            plan_s,
-            "--state-dir",
-            state_s,
-            "--json",
-            "--exit-when-idle",
-            "5",
-        ]
-    };
-    // The reverse tail first, so the forward tail guards from its first write.
-    let reverse = o.env.spawn(&idle("reverse"));
-    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
-    let forward = o.env.spawn(&idle("tail"));
+    let (forward, reverse) = both_tails(&o, "5").await;
     let mut rng = Rng::from_time();
     // Old instances write orders 0..375 to the source, new ones orders
     // 10000..10100 to the target: disjoint items.
@@ -321,8 +328,8 @@ async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge
     let mut tail = tail_writes(&forward) + tail_writes(&reverse);
     // A tail that went idle while its writer paused: once more, both at once.
     let (f, r) = tokio::join!(
-        wait_output(o.env.spawn(&idle("tail"))),
-        wait_output(o.env.spawn(&idle("reverse")))
+        wait_output(idle_tail(&o, "tail", "5")),
+        wait_output(idle_tail(&o, "reverse", "5"))
     );
     tail += tail_writes(&f) + tail_writes(&r);
     let app = (source_writes + target_writes) as u64;
@@ -581,21 +588,8 @@ async fn reverse_refuses_a_plan_that_does_not_read_back_with_exit_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_items_written_on_both_sides_converge_to_one_write_on_both() {
     let o = migrated(60).await;
+    let (forward, reverse) = both_tails(&o, "4").await;
     let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
-    let idle = |cmd: &'static str| {
-        [
-            cmd,
-            plan_s,
-            "--state-dir",
-            state_s,
-            "--json",
-            "--exit-when-idle",
-            "4",
-        ]
-    };
-    let reverse = o.env.spawn(&idle("reverse"));
-    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
-    let forward = o.env.spawn(&idle("tail"));
     // Orders 0..60 written at once on both sides, each side its own value
     // (same status: same target key).
     let status = |id: u64| STATUSES[(id % 3) as usize];
