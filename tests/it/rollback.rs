@@ -172,15 +172,8 @@ fn tail_writes(out: &std::process::Output) -> u64 {
 
 /// The status a direction's tail publishes, once it exists.
 async fn wait_for_status(path: std::path::PathBuf) {
-    let started = std::time::Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no status at {}",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("status at {}", path.display());
+    poll_until(&what, Duration::from_secs(60), || path.exists()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,11 +508,10 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
         "--skip-analyze",
         "--json",
     ]);
-    let started = std::time::Instant::now();
-    while phase(&o) != "ready_for_cutover" {
-        assert!(started.elapsed() < Duration::from_secs(120), "never ready");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    poll_until("ready_for_cutover", Duration::from_secs(120), || {
+        phase(&o) == "ready_for_cutover"
+    })
+    .await;
     let reverse = rekey::state::StateDir::new(&o.state).reverse_snapshot();
     assert!(!reverse.exists(), "no reverse tail before the cutover");
     let (code, text) = switch(&o, "cutover");

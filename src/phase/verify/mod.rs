@@ -431,6 +431,32 @@ fn seg_state(page: &Page) -> SegState {
     }
 }
 
+/// Both tables described and their keys checked; the read budgets
+/// (`--read-rate` on the source, `--target-read-rate` on the target) in
+/// capacity units, a share of provisioned capacity resolved.
+struct Tables {
+    source: crate::aws::TableInfo,
+    src_rate: Option<f64>,
+    tgt_rate: Option<f64>,
+}
+
+async fn tables(clients: &Clients, plan: &Plan, opts: &VerifyOptions) -> anyhow::Result<Tables> {
+    let source = clients.describe_table(&plan.source_table).await?;
+    source.check_key(&plan.source_key, "source")?;
+    let target = clients.describe_table(&plan.target_table).await?;
+    target.check_key(&plan.target_key, "target")?;
+    let rate = |r: Option<Rate>, t: &crate::aws::TableInfo| {
+        r.map(|r| r.resolve(&t.name, t.provisioned_read, "read"))
+            .transpose()
+            .map_err(InputError)
+    };
+    Ok(Tables {
+        src_rate: rate(opts.read_rate, &source)?,
+        tgt_rate: rate(opts.target_read_rate, &target)?,
+        source,
+    })
+}
+
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
@@ -439,20 +465,11 @@ pub async fn run(
 ) -> anyhow::Result<VerifyReport> {
     check_inputs(plan, opts)?;
     let started = Instant::now();
-    let source = clients.describe_table(&plan.source_table).await?;
-    source.check_key(&plan.source_key, "source")?;
-    let target = clients.describe_table(&plan.target_table).await?;
-    target.check_key(&plan.target_key, "target")?;
-    let src_rate = opts
-        .read_rate
-        .map(|r| r.resolve(&source.name, source.provisioned_read, "read"))
-        .transpose()
-        .map_err(InputError)?;
-    let tgt_rate = opts
-        .target_read_rate
-        .map(|r| r.resolve(&target.name, target.provisioned_read, "read"))
-        .transpose()
-        .map_err(InputError)?;
+    let Tables {
+        source,
+        src_rate,
+        tgt_rate,
+    } = tables(clients, plan, opts).await?;
 
     let store = StateStore::open(&opts.state_dir.verify_store(), plan)?;
     let expected = crate::state::claims::Claims::open(&opts.state_dir.expected_keys())?;

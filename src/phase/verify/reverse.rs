@@ -38,9 +38,23 @@ struct Found {
 struct Shared {
     clients: Clients,
     plan: Plan,
-    control: Arc<Control>,
+    /// The source's read budget (`--read-rate`) and the target's
+    /// (`--target-read-rate`), as the forward verify has them.
+    src: Arc<Control>,
+    tgt: Arc<Control>,
     found: Mutex<Found>,
     max_retries: u32,
+}
+
+impl Shared {
+    /// The read budget of `table` (the source or the target).
+    fn control(&self, table: &str) -> &Arc<Control> {
+        if table == self.plan.source_table {
+            &self.src
+        } else {
+            &self.tgt
+        }
+    }
 }
 
 /// Verify the source against inverse(target); see the module docs.
@@ -52,10 +66,14 @@ pub async fn run_reverse(
 ) -> anyhow::Result<VerifyReport> {
     let started_at = Utc::now();
     let started = Instant::now();
+    let Tables {
+        src_rate, tgt_rate, ..
+    } = tables(clients, plan, opts).await?;
     let shared = Arc::new(Shared {
         clients: clients.clone(),
         plan: plan.clone(),
-        control: Arc::new(Control::new(None, None)),
+        src: Arc::new(Control::new(src_rate, None)),
+        tgt: Arc::new(Control::new(tgt_rate, None)),
         found: Mutex::new(Found::default()),
         max_retries: opts.max_retries,
     });
@@ -73,7 +91,7 @@ pub async fn run_reverse(
             clients,
             &scan_opts,
             Vec::new(),
-            shared.control.clone(),
+            shared.control(table).clone(),
             move |page| {
                 let s = s.clone();
                 async move { check_page(&s, page, backwards).await }
@@ -256,7 +274,7 @@ async fn get(
             names,
             chunk,
             true,
-            &s.control,
+            s.control(table),
             s.max_retries,
         )
         .await

@@ -326,26 +326,29 @@ pub fn report(o: &Output) -> serde_json::Value {
     v
 }
 
+/// Polls `ack` every 100 ms until it holds: what a running process
+/// published (a status file, a phase, a progress sample). Panics naming
+/// `what` after `timeout`, a bound far above what a slow machine needs.
+pub async fn poll_until(what: &str, timeout: std::time::Duration, mut ack: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !ack() {
+        assert!(start.elapsed() < timeout, "no {what} within {timeout:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Wait until a running backfill has committed progress (its once-a-second
 /// `progress.jsonl` sample shows scanned items), so a kill lands mid-run
 /// however slow the machine. Panics after `timeout`.
 pub async fn wait_for_progress(state_dir: &Path, timeout: std::time::Duration) {
-    let start = std::time::Instant::now();
-    loop {
-        let text = std::fs::read_to_string(state_dir.join("progress.jsonl")).unwrap_or_default();
-        if text
+    poll_until("backfill progress", timeout, || {
+        std::fs::read_to_string(state_dir.join("progress.jsonl"))
+            .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .any(|v| v["scanned"].as_u64() > Some(0))
-        {
-            return;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "no backfill progress within {timeout:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 /// One local server for the whole test binary, for tests that need no
