@@ -163,7 +163,8 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
     let table = env.table_name("orders");
     env.create_table(&table, &pk_sk()).await;
     // The demo's own data: 100 tenant profiles and skewed orders.
-    env.put(&table, &rekey::ops::demo::generate(2000)).await;
+    let items = rekey::ops::demo::generate(2000);
+    env.put(&table, &items).await;
 
     let (r, plan_path) = suggest(&env, &table, "20000", &["--segments", "3"]);
     assert_eq!(r["verdict"]["kind"], "plan", "{r:#}");
@@ -213,6 +214,7 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
     assert!(text.contains("no rule needed"), "{text}");
     assert!(text.contains("{shard(order, 16):02}"), "{text}");
     check_and_analyze(&env, &plan_path, "20000");
+    migrate_and_query_back(&env, &table, &items, &plan_path).await;
 
     // The text report prints the numbers behind the count.
     let out = env.rekey(&["suggest", &table, "--app-write-rate", "20000", "-q"]);
@@ -235,19 +237,12 @@ async fn on_the_demo_table_suggest_proposes_the_tenant_day_shard_plan() {
     assert_eq!(r["shapes"][0]["pk"], "TENANT#{tenant}#DAY#{day}");
 }
 
-/// The newcomer's path the README walks: a plan suggested from the demo's
-/// data, a backfill with it, and a tenant's day paged back through every
-/// shard with `rekey query`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_back() {
-    let env = TestEnv::start().await;
-    let table = env.table_name("orders");
-    env.create_table(&table, &pk_sk()).await;
-    let items = rekey::ops::demo::generate(2000);
-    env.put(&table, &items).await;
+/// The newcomer's path the README walks, after suggest wrote `plan_path`
+/// from `items` in `table`: a backfill with the plan, then the demo's
+/// hottest tenant-day paged back through every shard with `rekey query`.
+async fn migrate_and_query_back(env: &TestEnv, table: &str, items: &[Item], plan_path: &Path) {
     env.create_table(&format!("{table}_rekeyed"), &pk_sk())
         .await;
-    let (_, plan_path) = suggest(&env, &table, "20000", &[]);
     let p = plan_path.to_str().unwrap();
     let state = env.dir.path().join("state");
     let out = env.rekey(&["backfill", p, "--state-dir", state.to_str().unwrap()]);
@@ -255,7 +250,7 @@ async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_b
 
     // The demo's hottest tenant-day, and its orders in sort-key order.
     let mut days: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for i in &items {
+    for i in items {
         if let (Some(Value::S(pk)), Some(Value::S(sk))) = (i.get("PK"), i.get("SK"))
             && sk.starts_with("ORDER#")
         {
@@ -268,6 +263,7 @@ async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_b
     let where_ = format!("tenant={},day={}", parts[1], parts[3]);
     let mut got = Vec::new();
     let mut cursor: Option<String> = None;
+    let mut pages = 0;
     loop {
         let mut args = vec![
             "--show-keys",
@@ -276,7 +272,7 @@ async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_b
             "--where",
             &where_,
             "--limit",
-            "7",
+            "100",
             "--json",
         ];
         if let Some(c) = &cursor {
@@ -289,7 +285,8 @@ async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_b
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         let (summary, page) = lines.split_last().unwrap();
-        assert!(page.len() <= 7);
+        assert!(page.len() <= 100);
+        pages += 1;
         got.extend(
             page.iter()
                 .map(|i| i["SK"]["S"].as_str().unwrap().to_string()),
@@ -299,6 +296,7 @@ async fn a_suggested_plan_migrates_the_demo_table_and_query_pages_a_tenant_day_b
             None => break,
         }
     }
+    assert!(pages > 1, "{} orders came in one page", got.len());
     assert_eq!(got, want.into_iter().collect::<Vec<_>>());
 }
 
