@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::core::inverse::{plan_notes, reversibility};
+use crate::core::inverse::{key_injective, plan_notes, reversibility};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::Item;
@@ -28,6 +28,9 @@ pub struct CheckReport {
     pub reversibility: Vec<RuleReverse>,
     /// What holds for the plan's reverse as a whole.
     pub reverse_notes: Vec<String>,
+    /// Why two source items might share a target key (the backfill then
+    /// claims every target key); None when the plan proves they cannot.
+    pub collisions_possible: Option<String>,
     pub items: Vec<SampleResult>,
     pub put: u64,
     pub rejected: u64,
@@ -84,6 +87,9 @@ pub fn run(plan: &Plan, sample: Option<&Path>) -> anyhow::Result<CheckReport> {
             })
             .collect(),
         reverse_notes: plan_notes(plan),
+        collisions_possible: (plan.mode == Mode::Rekey)
+            .then(|| key_injective(plan).err())
+            .flatten(),
         items: Vec::new(),
         put: 0,
         rejected: 0,
@@ -166,6 +172,18 @@ pub fn render(plan: &Plan, r: &CheckReport) -> String {
         "{}: OK — {mode}, {} rules, fingerprint {}",
         r.plan, r.rules, r.fingerprint
     );
+    if plan.mode == Mode::Rekey {
+        let _ = match &r.collisions_possible {
+            None => writeln!(
+                o,
+                "collisions: impossible — each target key holds its source key whole (no claim index)"
+            ),
+            Some(why) => writeln!(
+                o,
+                "collisions: possible ({why}) — the backfill claims every target key"
+            ),
+        };
+    }
     render_reversibility(&mut o, r);
     for s in &r.items {
         let json = |i: &Option<Item>| {

@@ -272,7 +272,7 @@ enum Rep {
 
 /// One position of a pattern: a character class, once, optionally or any number of times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Atom {
+pub(super) struct Atom {
     class: CharClass,
     rep: Rep,
 }
@@ -288,11 +288,7 @@ fn lit_atoms(s: &str) -> impl Iterator<Item = Atom> + '_ {
 /// The patterns of the attributes a rule's target items are constrained on:
 /// the target key, and the matched attributes the target keeps.
 fn target_patterns<'p>(r: &RuleInverse<'p>) -> Vec<(&'p str, Vec<Atom>)> {
-    let mut out: Vec<(&str, Vec<Atom>)> = r
-        .key
-        .iter()
-        .map(|reading| (reading.attr, reading_atoms(reading)))
-        .collect();
+    let mut out = key_patterns(r);
     for (attr, shape) in &r.kept_shapes {
         let t = Template::parse(&shape.text).expect("a shape parsed, so its text is a template");
         let roles = t
@@ -306,6 +302,14 @@ fn target_patterns<'p>(r: &RuleInverse<'p>) -> Vec<(&'p str, Vec<Atom>)> {
         out.push((attr, roles_atoms(&roles)));
     }
     out
+}
+
+/// The patterns of a rule's target key alone (what a claim is about).
+pub(super) fn key_patterns<'p>(r: &RuleInverse<'p>) -> Vec<(&'p str, Vec<Atom>)> {
+    r.key
+        .iter()
+        .map(|reading| (reading.attr, reading_atoms(reading)))
+        .collect()
 }
 
 fn reading_atoms(r: &Reading) -> Vec<Atom> {
@@ -348,7 +352,7 @@ fn roles_atoms(roles: &[Role]) -> Vec<Atom> {
 
 /// Whether some item satisfies both rules' patterns: every attribute both
 /// constrain can hold one value both accept.
-fn overlap(a: &[(&str, Vec<Atom>)], b: &[(&str, Vec<Atom>)]) -> bool {
+pub(super) fn overlap(a: &[(&str, Vec<Atom>)], b: &[(&str, Vec<Atom>)]) -> bool {
     a.iter().all(|(attr, pa)| {
         b.iter()
             .filter(|(other, _)| other == attr)

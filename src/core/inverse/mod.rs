@@ -39,6 +39,7 @@
 
 mod analysis;
 mod compile;
+mod injective;
 mod parse;
 
 #[cfg(test)]
@@ -54,6 +55,7 @@ use crate::core::transform::match_rule;
 use crate::core::value::{Item, ScalarType, Value, is_valid_number};
 
 pub use analysis::{Irreversible, Removal, RuleReversibility, plan_notes, reversibility};
+pub use injective::key_injective;
 
 use compile::{Reading, Role, RuleInverse, SourceFrom, compile};
 use parse::{MAX_SPLITS, Tok, TooMany, part_text, splits};

@@ -7,7 +7,9 @@ use super::*;
 pub(super) struct Ledger {
     pub(super) keys: Keys,
     pub(super) store: StateStore,
-    pub(super) claims: Claims,
+    /// None when the plan proves a target key has one source key
+    /// ([`crate::core::inverse::key_injective`]): nothing to claim.
+    pub(super) claims: Option<Claims>,
     pub(super) totals: Counters,
     pub(super) this_run: Counters,
     pub(super) rejects: RejectsFile,

@@ -243,12 +243,30 @@ fn open_ledger(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<(Ledger, b
     let ledger = Ledger {
         keys,
         store,
-        claims: Claims::open(&opts.state_dir.claims())?,
+        claims: open_claims(plan, opts)?,
         totals,
         this_run: Counters::default(),
         rejects,
     };
     Ok((ledger, resumed))
+}
+
+/// The claim index, unless nothing can collide: a plan whose target key
+/// determines the source key (in place, the key does not change at all).
+fn open_claims(plan: &Plan, opts: &BackfillOptions) -> anyhow::Result<Option<Claims>> {
+    if plan.mode == Mode::InPlace {
+        return Ok(None);
+    }
+    match crate::core::inverse::key_injective(plan) {
+        Ok(()) => {
+            tracing::info!("no claim index: each target key determines its source key");
+            Ok(None)
+        }
+        Err(why) => {
+            tracing::info!(reason = %why, "claim index: target keys may collide");
+            Ok(Some(Claims::open(&opts.state_dir.claims())?))
+        }
+    }
 }
 
 /// The read and write budgets, from the operator's rates and the tables'

@@ -36,12 +36,15 @@ pub(super) async fn process_page(
     let mut pairs = Vec::new();
     let target_names = plan.target_key.names();
     let source_names = plan.source_key.names();
+    let claims = ledger.lock().await.claims.clone();
     for item in items {
         match transform(plan, item) {
             Outcome::Put { item: out, .. } => {
-                let tk = encode_key(&out, &target_names).unwrap_or_default();
-                let sk = encode_key(item, &source_names).unwrap_or_default();
-                pairs.push((tk, sk));
+                if claims.is_some() {
+                    let tk = encode_key(&out, &target_names).unwrap_or_default();
+                    let sk = encode_key(item, &source_names).unwrap_or_default();
+                    pairs.push((tk, sk));
+                }
                 puts.push(out);
                 sources.push(item);
             }
@@ -54,13 +57,22 @@ pub(super) async fn process_page(
     }
     // Claims commit in memory now and on disk before this page's checkpoint
     // (claims.rs); the ledger is not held meanwhile, so other pages' claims
-    // share the durable commit.
-    let claims = ledger.lock().await.claims.clone();
-    let Claimed {
-        pairs,
-        owners,
-        ticket,
-    } = claims.claim_all(pairs).await?;
+    // share the durable commit. A plan that cannot collide claims nothing.
+    let (pairs, owners, ticket) = match &claims {
+        Some(claims) => {
+            let Claimed {
+                pairs,
+                owners,
+                ticket,
+            } = claims.claim_all(pairs).await?;
+            (pairs, owners, Some(ticket))
+        }
+        None => (
+            vec![(Vec::new(), Vec::new()); puts.len()],
+            vec![None; puts.len()],
+            None,
+        ),
+    };
     let mut claimed = (Vec::new(), Vec::new());
     for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(&pairs).zip(owners) {
         match owner {
@@ -96,7 +108,9 @@ pub(super) async fn process_page(
             }
         }
     }
-    claims.durable(ticket).await?;
+    if let (Some(claims), Some(ticket)) = (&claims, ticket) {
+        claims.durable(ticket).await?;
+    }
     Ok((c, rejects))
 }
 
