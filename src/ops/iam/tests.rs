@@ -227,6 +227,7 @@ fn the_output_is_valid_json() {
 /// (tests/architecture.rs checks that).
 const AWS_SOURCES: &[(&str, &str)] = &[
     ("src/aws/mod.rs", include_str!("../../aws/mod.rs")),
+    ("src/aws/control.rs", include_str!("../../aws/control.rs")),
     ("src/aws/endpoint.rs", include_str!("../../aws/endpoint.rs")),
     ("src/aws/export.rs", include_str!("../../aws/export.rs")),
     ("src/aws/import.rs", include_str!("../../aws/import.rs")),
