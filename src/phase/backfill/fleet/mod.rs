@@ -191,6 +191,16 @@ pub async fn run(
         held: std::sync::Mutex::new(HashMap::new()),
     });
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
+    if let Some(parent) = opts
+        .backfill
+        .rejects
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        // The default is in the state directory, which a worker may not have yet.
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
     let rejects = RejectsFile::open(&opts.backfill.rejects)?;
     let drive = Arc::new(unit::UnitDrive {
         clients: clients.clone(),
