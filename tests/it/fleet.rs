@@ -319,3 +319,120 @@ fn check_grants(s: &Snapshot) {
     }
     assert!(takeovers >= 2, "the killed workers' units were taken over");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_the_units_and_another_worker_resumes_each_item_counted_once() {
+    let Orders {
+        env,
+        source,
+        target,
+        plan,
+        plan_path,
+        ..
+    } = Orders::start(seed(1200)).await;
+    let ctl = env.table_name("ctl");
+    let url = format!("dynamodb://{ctl}");
+    // The migration id defaults to the plan's target table.
+    let at = FleetRef::parse(&url, &target).unwrap();
+    let fleet = Fleet::new(ControlTable::new(&env.clients, &ctl), at, "test");
+    let plan_s = plan_path.to_str().unwrap();
+    let dir = env.dir.path().to_path_buf();
+    let args = |w: &str, rate: &str| -> Vec<String> {
+        [
+            "worker",
+            plan_s,
+            "--state",
+            &url,
+            "--worker-id",
+            w,
+            "--segments",
+            "6",
+            "--page-size",
+            "30",
+            "--write-rate",
+            rate,
+            "--lease-seconds",
+            "4",
+            "--json",
+            "--state-dir",
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .chain([dir.join(w).to_str().unwrap().to_string()])
+        .collect()
+    };
+    let first = args("a", "150");
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    let child = env.spawn(&first);
+    wait_for(&fleet, "a's first commit", |s| has_committed(s, "a")).await;
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let out = wait_output(child).await;
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+
+    // Released at once: no owner left, every grant of `a` ended, `a` stopped.
+    let s = snapshot(&fleet).await;
+    assert!(
+        s.units.iter().all(|u| u.owner.is_none() || u.done),
+        "{:?}",
+        s.units
+    );
+    assert!(
+        s.grants
+            .iter()
+            .all(|g| g.released || s.units[g.unit as usize].done)
+    );
+    assert_eq!(
+        s.workers.iter().find(|w| w.id == "a").unwrap().state,
+        "stopped"
+    );
+    assert!(s.totals().scanned > 0 && !s.all_done(), "stopped mid-way");
+
+    // status shows the fleet, without key values.
+    let out = env.rekey(&["status", plan_s, "--state", &url, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["segments"], 6);
+    assert_eq!(st["workers"][0]["id"], "a");
+    assert!(
+        !stdout(&out).contains("O#"),
+        "no key values: {}",
+        stdout(&out)
+    );
+
+    // A worker with another plan is refused (exit 1, as a local resume under a
+    // changed plan is); the same plan resumes.
+    let (other_path, _) = orders_by_status(&source, &target)
+        .rule(Rule::new(&[("PK", "Z#{z}")], &[("PK", "Z"), ("SK", "{z}")]))
+        .write(&env);
+    let out = env.rekey(&[
+        "worker",
+        other_path.to_str().unwrap(),
+        "--state",
+        &url,
+        "--state-dir",
+        dir.join("c").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("plan differs"), "{}", stderr(&out));
+    let (plan_path, _) = orders_by_status(&source, &target).write(&env);
+    assert_eq!(plan_path.to_str().unwrap(), plan_s, "the plan is back");
+
+    let second = args("b", "2000");
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    let out = env.rekey(&second);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(report(&out)["backfill_done"], true);
+    let s = snapshot(&fleet).await;
+    let t = s.totals();
+    assert_eq!(
+        t.scanned, 1200,
+        "every item counted once across the stop: {t:?}"
+    );
+    assert_eq!(t.written, 1200);
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0)
+    );
+}
