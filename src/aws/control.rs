@@ -88,17 +88,34 @@ impl ControlTable {
 
     /// Every item under `pk`, read consistently, page after page.
     pub async fn query(&self, pk: &str) -> Result<Vec<Item>, AwsError> {
+        self.query_prefix(pk, "").await
+    }
+
+    /// The items under `pk` whose sort key begins with `prefix` (all of
+    /// them when it is empty), read consistently, page after page.
+    pub async fn query_prefix(&self, pk: &str, prefix: &str) -> Result<Vec<Item>, AwsError> {
         let mut out = Vec::new();
         let mut start = None;
+        let condition = if prefix.is_empty() {
+            "#pk = :pk"
+        } else {
+            "#pk = :pk AND begins_with(#sk, :prefix)"
+        };
         loop {
-            let page = self
+            let mut req = self
                 .clients
                 .dynamodb
                 .query()
                 .table_name(&self.table)
-                .key_condition_expression("#pk = :pk")
+                .key_condition_expression(condition)
                 .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", to_sdk(&Value::S(pk.into())))
+                .expression_attribute_values(":pk", to_sdk(&Value::S(pk.into())));
+            if !prefix.is_empty() {
+                req = req
+                    .expression_attribute_names("#sk", SK)
+                    .expression_attribute_values(":prefix", to_sdk(&Value::S(prefix.into())));
+            }
+            let page = req
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
                 .send()

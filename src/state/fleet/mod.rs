@@ -362,8 +362,18 @@ impl Fleet {
 
     /// Everything under the migration: one consistent Query.
     pub async fn read(&self) -> Result<Snapshot, FleetError> {
+        self.read_prefix("").await
+    }
+
+    /// The workers' records only (the heartbeat's rate shares): a Query of
+    /// `WORKER#` items, not of every unit.
+    pub async fn read_workers(&self) -> Result<Snapshot, FleetError> {
+        self.read_prefix("WORKER#").await
+    }
+
+    async fn read_prefix(&self, prefix: &str) -> Result<Snapshot, FleetError> {
         let mut snap = Snapshot::default();
-        for it in self.control.query(&self.pk()).await? {
+        for it in self.control.query_prefix(&self.pk(), prefix).await? {
             let sk = text(&it, SK).unwrap_or_default().to_string();
             if sk == "META" {
                 snap.meta = Some(self.meta_of(&it)?);

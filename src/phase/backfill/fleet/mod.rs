@@ -257,7 +257,7 @@ async fn heartbeat(
     loop {
         renew_all(&shared).await;
         let me = shared.fleet.worker.clone();
-        let live = match shared.fleet.read().await {
+        let live = match shared.fleet.read_workers().await {
             Ok(snap) => live_workers(&snap, &me, shared.duration),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the control table");
