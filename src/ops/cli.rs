@@ -13,6 +13,7 @@ use crate::aws::export::ExportError;
 use crate::aws::import::ImportFailed;
 use crate::aws::rate::Rate;
 use crate::core::plan::PlanErrors;
+use crate::state::fleet::FleetError;
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -40,6 +41,7 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
             return exit::BAD_INPUT;
         }
         if cause.is::<AwsError>()
+            || matches!(cause.downcast_ref::<FleetError>(), Some(FleetError::Aws(_)))
             || cause.is::<ImportFailed>()
             || cause
                 .downcast_ref::<ExportError>()
@@ -713,5 +715,21 @@ mod tests {
         assert_eq!(exit_code(&plan), exit::BAD_INPUT);
         let other = anyhow::anyhow!("boom");
         assert_eq!(exit_code(&other), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_control_table_call_that_failed_is_an_aws_error() {
+        let aws = AwsError::Schema {
+            table: "ctl".into(),
+            detail: "no".into(),
+        };
+        let e = anyhow::Error::new(FleetError::Aws(aws)).context("unit 3");
+        assert_eq!(exit_code(&e), exit::AWS);
+        let changed = anyhow::Error::new(FleetError::PlanChanged {
+            migration: "m".into(),
+            stored: "a".into(),
+            current: "b".into(),
+        });
+        assert_eq!(exit_code(&changed), exit::FAILURE);
     }
 }

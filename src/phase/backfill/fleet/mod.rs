@@ -344,13 +344,12 @@ async fn schedule(
         if stop.is_cancelled() {
             break Ok(false);
         }
-        let snap = shared.fleet.read().await?;
-        if snap.all_done() {
-            shared.fleet.mark_done().await?;
-            break Ok(true);
-        }
-        if let Err(e) = take_units(shared, drive, opts, &snap, &mut observer, &mut tasks).await {
-            break Err(e);
+        match step(shared, drive, opts, &mut observer, &mut tasks).await {
+            Ok(true) => break Ok(true),
+            Ok(false) => {}
+            // Asked again at the next beat; the fence and the leases hold meanwhile.
+            Err(e) if passing(&e) => tracing::warn!(error = %e, "control table: trying again"),
+            Err(e) => break Err(e),
         }
         let ended = tokio::select! {
             () = stop.cancelled() => None,
@@ -387,6 +386,38 @@ async fn schedule(
         tracing::warn!(error = %e, "cannot report this worker");
     }
     result.map(|done| (finished, done))
+}
+
+/// One look at the migration: true once every unit is done (and recorded
+/// so), else the units this worker should take, taken.
+async fn step(
+    shared: &Arc<Shared>,
+    drive: &Arc<unit::UnitDrive>,
+    opts: &WorkerOptions,
+    observer: &mut Observer,
+    tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
+) -> anyhow::Result<bool> {
+    let snap = shared.fleet.read().await?;
+    if snap.all_done() {
+        shared.fleet.mark_done().await?;
+        return Ok(true);
+    }
+    take_units(shared, drive, opts, &snap, observer, tasks).await?;
+    Ok(false)
+}
+
+/// A failure that passes: a throttle or a transient error of an AWS call.
+/// The worker carries on (a unit it hit is given up and taken again).
+fn passing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let aws = c
+            .downcast_ref::<AwsError>()
+            .or(match c.downcast_ref::<FleetError>() {
+                Some(FleetError::Aws(a)) => Some(a),
+                _ => None,
+            });
+        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
+    })
 }
 
 /// Units to take now: this worker's share of those not done, free ones
@@ -491,8 +522,8 @@ async fn unit_ended(
         }
         // Stopped: still held, released once every unit has stopped.
         Ok(false) => Ok(()),
-        Err(e) if unit::lost(&e) => {
-            tracing::warn!(unit, error = %e, "unit given up: its lease is gone");
+        Err(e) if unit::lost(&e) || passing(&e) => {
+            tracing::warn!(unit, error = %e, "unit given up: its lease is gone, or a call failed");
             if let Some(x) = shared.drop_unit(unit) {
                 // Still ours if only the fence closed: hand it over at once.
                 let _ = shared.fleet.release(x.lease).await;
@@ -564,3 +595,65 @@ pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result
 }
 
 use crate::aws::AwsError;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::fleet::WorkerInfo;
+
+    fn worker(id: &str, state: &str, age_ms: i64) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            heartbeat_ms: wall_ms() - age_ms,
+            units: vec![],
+            write_rate: 0.0,
+            read_rate: 0.0,
+            state: state.into(),
+        }
+    }
+
+    #[test]
+    fn the_budget_is_shared_by_the_workers_with_a_fresh_heartbeat() {
+        let snap = Snapshot {
+            workers: vec![
+                worker("me", "running", 0),
+                worker("b", "running", 1_000),
+                worker("c", "running", 100_000),
+                worker("d", "stopped", 0),
+                worker("e", "done", 0),
+            ],
+            ..Default::default()
+        };
+        let live = live_workers(&snap, "me", Duration::from_secs(10));
+        assert_eq!(live, 2, "me and b; c is silent, d and e left");
+        assert_eq!(share_of(Some(1000.0), live), Some(500.0));
+        assert_eq!(share_of(None, live), None);
+        assert_eq!(
+            live_workers(&Snapshot::default(), "me", Duration::from_secs(10)),
+            1
+        );
+    }
+
+    #[test]
+    fn throttles_and_transient_failures_pass_a_lost_lease_is_its_own_case() {
+        let endpoint = Arc::new(crate::aws::Endpoint {
+            service: crate::aws::Service::DynamoDb,
+            url: "http://x".into(),
+            source: crate::aws::Source::Flag,
+        });
+        let transient = AwsError::Unreachable {
+            endpoint,
+            detail: "reset".into(),
+        };
+        let e = anyhow::Error::new(FleetError::Aws(transient)).context("commit");
+        assert!(passing(&e));
+        let schema = AwsError::Schema {
+            table: "t".into(),
+            detail: "x".into(),
+        };
+        assert!(!passing(&anyhow::Error::new(FleetError::Aws(schema))));
+        let lost = anyhow::Error::new(LeaseLost { unit: 1, lease: 2 });
+        assert!(unit::lost(&lost) && !passing(&lost));
+        assert!(unit::lost(&anyhow::Error::new(Fenced).context("write")));
+    }
+}
