@@ -173,6 +173,11 @@ pub async fn run(
     );
     let asked = opts.backfill.segments.unwrap_or(DEFAULT_FLEET_SEGMENTS);
     let segments = fleet.join(plan, asked).await?;
+    if opts.backfill.segments.is_some_and(|n| n != segments) {
+        progress.note(&format!(
+            "--segments {asked} ignored: the migration was created with {segments}"
+        ));
+    }
     progress.note(&format!(
         "worker {} joined {} ({segments} units)",
         opts.worker_id,
@@ -221,7 +226,9 @@ pub async fn run(
         budgets,
         beat_stop.clone(),
     ));
-    let outcome = schedule(&shared, &drive, opts).await;
+    progress.start("worker", Some(source.item_count));
+    let outcome = schedule(&shared, &drive, opts, progress).await;
+    progress.finish();
     beat_stop.cancel();
     let _ = beats.await;
     let (finished, done) = outcome?;
@@ -334,6 +341,7 @@ async fn schedule(
     shared: &Arc<Shared>,
     drive: &Arc<unit::UnitDrive>,
     opts: &WorkerOptions,
+    progress: &Progress,
 ) -> anyhow::Result<(BTreeSet<u32>, bool)> {
     let stop = &opts.backfill.stop;
     let mut observer = Observer::default();
@@ -344,7 +352,7 @@ async fn schedule(
         if stop.is_cancelled() {
             break Ok(false);
         }
-        match step(shared, drive, opts, &mut observer, &mut tasks).await {
+        match step(shared, drive, opts, progress, &mut observer, &mut tasks).await {
             Ok(true) => break Ok(true),
             Ok(false) => {}
             // Asked again at the next beat; the fence and the leases hold meanwhile.
@@ -394,16 +402,43 @@ async fn step(
     shared: &Arc<Shared>,
     drive: &Arc<unit::UnitDrive>,
     opts: &WorkerOptions,
+    progress: &Progress,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
 ) -> anyhow::Result<bool> {
     let snap = shared.fleet.read().await?;
+    report_progress(shared, drive, &snap, progress).await;
     if snap.all_done() {
         shared.fleet.mark_done().await?;
         return Ok(true);
     }
     take_units(shared, drive, opts, &snap, observer, tasks).await?;
     Ok(false)
+}
+
+/// The fleet's committed items, and this worker's units.
+async fn report_progress(
+    shared: &Shared,
+    drive: &unit::UnitDrive,
+    snap: &Snapshot,
+    progress: &Progress,
+) {
+    let held = shared.held_units();
+    let done = snap.units.iter().filter(|u| u.done).count();
+    let mine = drive.this.lock().await.scanned;
+    progress.status(
+        format!(
+            "fleet: {done}/{} units done; this worker: units {held:?}, {mine} items",
+            snap.units.len()
+        ),
+        serde_json::json!({
+            "units": snap.units.len(),
+            "units_done": done,
+            "held": held,
+            "this_worker_scanned": mine,
+        }),
+    );
+    progress.update(snap.totals().scanned, 0.0);
 }
 
 /// A failure that passes: a throttle or a transient error of an AWS call.
