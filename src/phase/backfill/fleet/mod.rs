@@ -23,6 +23,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use super::*;
+use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlTable};
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::{Counts, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
@@ -231,6 +232,15 @@ pub async fn run(
     progress.finish();
     beat_stop.cancel();
     let _ = beats.await;
+    // After the last heartbeat, which would say "running" again.
+    let state = match &outcome {
+        Ok((_, true)) => "done",
+        Ok((_, false)) => "stopped",
+        Err(_) => "failed",
+    };
+    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
+        tracing::warn!(error = %e, "cannot report this worker");
+    }
     let (finished, done) = outcome?;
     let snap = shared.fleet.read().await?;
     let report = WorkerReport {
@@ -386,13 +396,6 @@ async fn schedule(
         }
     }
     release_all(shared).await;
-    let state = match &result {
-        Ok(true) => "done",
-        _ => "stopped",
-    };
-    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
-        tracing::warn!(error = %e, "cannot report this worker");
-    }
     result.map(|done| (finished, done))
 }
 
@@ -628,8 +631,6 @@ pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result
     );
     Ok(f.read().await?)
 }
-
-use crate::aws::AwsError;
 
 #[cfg(test)]
 mod tests {
