@@ -23,6 +23,7 @@ use aws_smithy_types::Blob;
 use crate::core::plan::{KeyAttr, KeySchema};
 use crate::core::value::{Item, ScalarType, Value};
 
+pub mod control;
 pub mod endpoint;
 pub mod export;
 pub mod import;
@@ -632,7 +633,7 @@ impl Clients {
 
     /// Waits until `table` is ACTIVE: AWS creates tables in the background
     /// (seconds); a local server has them at once.
-    async fn wait_active(&self, table: &str) -> Result<(), AwsError> {
+    pub async fn wait_active(&self, table: &str) -> Result<(), AwsError> {
         use aws_sdk_dynamodb::types::TableStatus;
         let started = std::time::Instant::now();
         loop {

@@ -13,6 +13,7 @@ use crate::aws::export::ExportError;
 use crate::aws::import::ImportFailed;
 use crate::aws::rate::Rate;
 use crate::core::plan::PlanErrors;
+use crate::state::fleet::FleetError;
 
 /// Exit codes, documented in the README.
 pub mod exit {
@@ -40,6 +41,7 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
             return exit::BAD_INPUT;
         }
         if cause.is::<AwsError>()
+            || matches!(cause.downcast_ref::<FleetError>(), Some(FleetError::Aws(_)))
             || cause.is::<ImportFailed>()
             || cause
                 .downcast_ref::<ExportError>()
@@ -107,6 +109,10 @@ pub enum Command {
     /// In place only: remove the attributes the plan added, where they still hold
     /// the plan's value (checkpointed and resumable like backfill). Stop the tail first.
     Undo(BackfillArgs),
+    /// One of N identical workers sharing one migration's backfill through a DynamoDB control
+    /// table (--state dynamodb://TABLE[/MIGRATION]): takes Scan segments under leases, exits 0
+    /// once every segment is done.
+    Worker(WorkerArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
     /// Rollback's replication: keep the source current from the target table's stream
@@ -159,6 +165,7 @@ impl Command {
         matches!(
             self,
             Command::Backfill(_)
+                | Command::Worker(_)
                 | Command::Undo(_)
                 | Command::Run(_)
                 | Command::Tail(_)
@@ -181,6 +188,8 @@ pub enum PolicyCommandArg {
     Reverse,
     /// `rekey rollback`.
     Rollback,
+    /// `rekey worker`: backfill by Scan, plus the control table (--state).
+    Worker,
     /// backfill, tail, verify, drain and cutover.
     All,
 }
@@ -201,6 +210,9 @@ pub struct IamPolicyArgs {
     /// AWS account id for the ARNs (default: `*`). The region comes from --region (default: `*`).
     #[arg(long, value_name = "ID")]
     pub account: Option<String>,
+    /// The fleet's control table (dynamodb://TABLE[/MIGRATION]): needed with --command worker.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -321,11 +333,44 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// `rekey worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    pub plan: PathBuf,
+    /// The control table the fleet shares: dynamodb://TABLE[/MIGRATION] (created on demand,
+    /// on-demand billing; the migration id defaults to the plan's target table).
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: String,
+    /// This worker's id (default: $HOSTNAME, the process id and a random suffix).
+    #[arg(long, value_name = "ID")]
+    pub worker_id: Option<String>,
+    /// How long a lease lives without renewal; a dead worker's units are taken over after it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
+    pub lease_seconds: f64,
+    /// Units (Scan segments) held at once, at most.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_units: usize,
+    /// Where this worker's local files go (default: .rekey/<plan file stem>).
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The table-wide budgets (--write-rate, --read-rate) are shared by the live workers;
+    /// --segments fixes the unit count when this worker creates the migration (default 32);
+    /// --rejects is this worker's own file (default: <state dir>/rejects-<worker id>.jsonl).
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct TailArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub state: StateArgs,
+    /// The backfill is a fleet's (`rekey worker`): wait for its "backfill done" record in
+    /// this control table (dynamodb://TABLE[/MIGRATION]) instead of a local backfill.
+    #[arg(long, value_name = "URL")]
+    pub fleet: Option<String>,
     /// Write budget for the table written (the target; `reverse`: the source), WCU per second (default: unlimited).
     #[arg(long, value_name = "WCU")]
     pub write_rate: Option<f64>,
@@ -474,6 +519,10 @@ pub struct StatusArgs {
     pub plan: PathBuf,
     #[command(flatten)]
     pub state: StateArgs,
+    /// A fleet's status, from its control table (dynamodb://TABLE[/MIGRATION]): per worker
+    /// units held, rates and last heartbeat; per unit owner, progress and done.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -666,5 +715,21 @@ mod tests {
         assert_eq!(exit_code(&plan), exit::BAD_INPUT);
         let other = anyhow::anyhow!("boom");
         assert_eq!(exit_code(&other), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_control_table_call_that_failed_is_an_aws_error() {
+        let aws = AwsError::Schema {
+            table: "ctl".into(),
+            detail: "no".into(),
+        };
+        let e = anyhow::Error::new(FleetError::Aws(aws)).context("unit 3");
+        assert_eq!(exit_code(&e), exit::AWS);
+        let changed = anyhow::Error::new(FleetError::PlanChanged {
+            migration: "m".into(),
+            stored: "a".into(),
+            current: "b".into(),
+        });
+        assert_eq!(exit_code(&changed), exit::FAILURE);
     }
 }

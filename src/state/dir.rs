@@ -141,6 +141,12 @@ impl StateDir {
         self.0.join("rejects.jsonl")
     }
 
+    /// A fleet worker's own rejects (`rekey worker`): one file per worker,
+    /// each line tagged with the unit, lease and page it came from.
+    pub fn worker_rejects(&self, worker: &str) -> PathBuf {
+        self.0.join(format!("rejects-{worker}.jsonl"))
+    }
+
     /// Items `rekey undo` could not compute its undo for.
     pub fn undo_rejects(&self) -> PathBuf {
         self.0.join("undo-rejects.jsonl")

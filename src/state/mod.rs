@@ -14,6 +14,7 @@ pub mod claims;
 pub mod control;
 pub mod dir;
 pub mod echoes;
+pub mod fleet;
 pub mod itemfile;
 pub mod rejects;
 pub mod snapshot;

@@ -78,6 +78,24 @@ impl RejectsFile {
         Ok(())
     }
 
+    /// A line with `tag` beside the reason and item: a fleet worker's
+    /// (unit, lease, page), by which a reader keeps only committed pages'
+    /// lines (`state::fleet::committed_lease`).
+    pub fn write_tagged(
+        &mut self,
+        item: &Item,
+        reason: &str,
+        tag: &serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let line = serde_json::json!({ "reason": reason, "item": item, "fleet": tag });
+        serde_json::to_writer(&mut self.out, &line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"))
+            .with_context(|| format!("cannot write rejects file {}", self.path.display()))?;
+        self.written += 1;
+        Ok(())
+    }
+
     pub fn written(&self) -> u64 {
         self.written
     }

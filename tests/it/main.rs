@@ -16,6 +16,7 @@ mod cli;
 mod demo;
 mod endpoints;
 mod export;
+mod fleet;
 mod import;
 mod inplace;
 mod lifecycle;

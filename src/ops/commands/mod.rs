@@ -8,6 +8,7 @@
 //! * `analyze` — `analyze`.
 //! * `suggest` — `suggest`.
 //! * `copy` — `backfill` (and `undo`), `tail`.
+//! * `fleet` — `worker`, `tail --fleet`, `status --state dynamodb://…`.
 //! * `verify` — `verify`, in a new table or in place.
 //! * `query` — `query`, the read path of the new design.
 //! * `run` — `run`, the whole lifecycle.
@@ -17,6 +18,7 @@
 mod analyze;
 mod copy;
 mod demo;
+mod fleet;
 mod offline;
 mod query;
 mod run;
@@ -48,6 +50,9 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Suggest(cmd) => suggest::suggest(c, cmd).await,
         Command::Backfill(cmd) => copy::backfill(c, cmd).await,
         Command::Tail(cmd) => copy::tail(c, cmd).await,
+        Command::TailFleet { tail, fleet } => fleet::tail_fleet(c, tail, fleet).await,
+        Command::Worker(cmd) => fleet::worker(c, cmd).await,
+        Command::FleetStatus(cmd) => fleet::status(c, cmd).await,
         Command::Verify(cmd) => verify::verify(c, cmd).await,
         Command::Run(cmd) => run::run(c, cmd).await,
         Command::Drain(cmd) => switch::drain(c, cmd).await,

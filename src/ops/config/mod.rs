@@ -25,6 +25,7 @@ use crate::ops::progress::ProgressMode;
 use crate::ops::redact::Redactor;
 use crate::phase::analyze::{AnalyzeOptions, ScanSettings};
 use crate::phase::backfill::BackfillOptions;
+use crate::phase::backfill::fleet::WorkerOptions;
 use crate::phase::barrier::DrainOptions;
 use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
@@ -33,6 +34,7 @@ use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::tail::{Flow, TailOptions};
 use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
+use crate::state::fleet::FleetRef;
 
 mod query;
 
@@ -98,6 +100,15 @@ pub enum Command {
     /// `backfill`, and `undo` (`options.undo`).
     Backfill(Planned<BackfillOptions>),
     Tail(Planned<TailOptions>),
+    /// `rekey worker`: one of a fleet.
+    Worker(Planned<WorkerOptions>),
+    /// `rekey tail --fleet`: the tail, released by the fleet's "backfill done".
+    TailFleet {
+        tail: Planned<TailOptions>,
+        fleet: FleetRef,
+    },
+    /// `rekey status --state dynamodb://…`: the fleet's control table.
+    FleetStatus(Planned<FleetRef>),
     Verify(Planned<VerifyOptions>),
     Run(Planned<RunOptions>),
     Drain(Planned<DrainOptions>),
@@ -161,6 +172,8 @@ impl Command {
         match self {
             Command::Backfill(p) => p.options.stop = stop.clone(),
             Command::Tail(p) => p.options.stop = stop.clone(),
+            Command::TailFleet { tail, .. } => tail.options.stop = stop.clone(),
+            Command::Worker(p) => p.options.backfill.stop = stop.clone(),
             Command::Verify(p) => p.options.stop = stop.clone(),
             Command::Run(p) => {
                 let o = &mut p.options;
@@ -256,6 +269,7 @@ fn command_and_output(
         C::Backfill(a) => (backfill(&a, false)?, output(a.json, true)),
         C::Undo(a) => (backfill(&a, true)?, output(a.json, true)),
         C::Tail(a) => (tail(&a, Flow::Forward)?, output(a.json, true)),
+        C::Worker(a) => (worker(&a, env)?, output(a.json, true)),
         C::Reverse(a) => (tail(&a, Flow::Reverse)?, output(a.json, true)),
         C::Verify(a) => (verify(&a)?, output(a.json, true)),
         C::Run(a) => (run(&a)?, output(a.json, true)),
@@ -462,7 +476,19 @@ fn tail(a: &cli::TailArgs, flow: Flow) -> anyhow::Result<Command> {
         flow,
         ..tail_options(&state_dir)
     };
-    Ok(Command::Tail(Planned { plan, options }))
+    match &a.fleet {
+        None => Ok(Command::Tail(Planned { plan, options })),
+        Some(_) if flow == Flow::Reverse => {
+            Err(InputError("--fleet: the reverse tail follows no backfill".into()).into())
+        }
+        Some(url) => {
+            let fleet = fleet_ref(url, &plan)?;
+            Ok(Command::TailFleet {
+                tail: Planned { plan, options },
+                fleet,
+            })
+        }
+    }
 }
 
 fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
@@ -574,8 +600,69 @@ fn finish(a: &cli::FinishArgs) -> anyhow::Result<Command> {
 /// The plan must load, and the state directory is the plan's.
 fn status(a: &cli::StatusArgs) -> anyhow::Result<Command> {
     let plan = Plan::load(&a.plan)?;
+    if let Some(url) = &a.fleet {
+        let options = fleet_ref(url, &plan)?;
+        return Ok(Command::FleetStatus(Planned { plan, options }));
+    }
     let options = state_dir(&a.plan, &a.state);
     Ok(Command::Status(Planned { plan, options }))
+}
+
+/// `dynamodb://TABLE[/MIGRATION]`; the migration id defaults to the plan's
+/// target table.
+fn fleet_ref(url: &str, plan: &Plan) -> Result<FleetRef, InputError> {
+    FleetRef::parse(url, &plan.target_table).map_err(InputError)
+}
+
+/// `rekey worker`: a backfill's options, the fleet's, and this worker's id.
+fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Command> {
+    let plan = Plan::load(&a.plan)?;
+    let fleet = fleet_ref(&a.fleet, &plan)?;
+    let lease = seconds("--lease-seconds", a.lease_seconds)?;
+    if lease < Duration::from_secs(1) {
+        return Err(InputError("--lease-seconds: give 1 second or more".into()).into());
+    }
+    if a.max_units == 0 {
+        return Err(InputError("--max-units: give 1 or more".into()).into());
+    }
+    let worker_id = match &a.worker_id {
+        Some(id) if !id.is_empty() && !id.contains(['#', ',', '/']) => id.clone(),
+        Some(id) => {
+            return Err(InputError(format!(
+                "--worker-id `{id}`: give a non-empty id without #, comma or /"
+            ))
+            .into());
+        }
+        None => default_worker_id(env),
+    };
+    let state_dir = state_dir(&a.plan, &a.state);
+    let mut backfill = backfill_options(&a.copy, state_dir.clone(), false);
+    if a.copy.rejects.is_none() {
+        backfill.rejects = state_dir.worker_rejects(&worker_id);
+    }
+    let options = WorkerOptions {
+        backfill,
+        fleet,
+        worker_id,
+        lease,
+        max_units: a.max_units,
+    };
+    Ok(Command::Worker(Planned { plan, options }))
+}
+
+/// `$HOSTNAME` (a pod's name under Kubernetes), the process id, and a
+/// suffix from the clock: a restarted worker is a new worker.
+fn default_worker_id(env: &dyn Fn(&str) -> Option<String>) -> String {
+    let host: String = env("HOSTNAME")
+        .unwrap_or_else(|| "worker".into())
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .collect();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{host}-{}-{:04x}", std::process::id(), nanos & 0xffff)
 }
 
 /// The plan must load: controlling a migration of a broken plan is a mistake.
@@ -636,6 +723,7 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Query => commands.push(P::Query),
             PolicyCommandArg::Reverse => commands.push(P::Reverse),
             PolicyCommandArg::Rollback => commands.push(P::Rollback),
+            PolicyCommandArg::Worker => commands.push(P::Worker),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }
@@ -662,12 +750,23 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
         }
         Some(Err(e)) => return Err(InputError(e.to_string()).into()),
     };
+    let control_table = match &a.fleet {
+        Some(url) => Some(fleet_ref(url, &plan)?.table),
+        None if commands.contains(&PolicyCommand::Worker) => {
+            return Err(InputError(
+                "--command worker: give the fleet's --state dynamodb://TABLE[/MIGRATION]".into(),
+            )
+            .into());
+        }
+        None => None,
+    };
     let options = PolicyOptions {
         commands,
         export,
         import,
         region: aws.region.clone(),
         account: a.account.clone(),
+        control_table,
     };
     Ok(Command::IamPolicy(Planned { plan, options }))
 }

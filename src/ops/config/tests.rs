@@ -41,6 +41,9 @@ fn options(c: &Command) -> String {
         Command::Analyze(p) => format!("{:?}", p.options),
         Command::Backfill(p) => format!("{:?}", p.options),
         Command::Tail(p) => format!("{:?}", p.options),
+        Command::TailFleet { tail, fleet } => format!("{:?} {fleet:?}", tail.options),
+        Command::Worker(p) => format!("{:?}", p.options),
+        Command::FleetStatus(p) => format!("{:?}", p.options),
         Command::Verify(p) => format!("{:?}", p.options),
         Command::Run(p) => format!("{:?}", p.options),
         Command::Drain(p) => format!("{:?}", p.options),
@@ -703,4 +706,107 @@ fn verbose_counts_its_flags_before_or_after_the_command() {
         convert(&["completions", "fish"]).unwrap().command,
         Command::Completions(clap_complete::Shell::Fish)
     ));
+}
+
+#[test]
+fn worker_takes_the_backfills_options_and_the_fleets() {
+    let c = convert(&[
+        "worker",
+        PLAN,
+        "--state",
+        "dynamodb://ctl/m1",
+        "--worker-id",
+        "w1",
+        "--lease-seconds",
+        "5",
+        "--segments",
+        "64",
+        "--write-rate",
+        "900",
+    ])
+    .unwrap();
+    let Command::Worker(p) = &c.command else {
+        panic!("{:?}", c.command)
+    };
+    let o = &p.options;
+    assert_eq!(
+        o.fleet,
+        FleetRef {
+            table: "ctl".into(),
+            migration: "m1".into()
+        }
+    );
+    assert_eq!(
+        (o.worker_id.as_str(), o.lease, o.max_units),
+        ("w1", secs(5), 8)
+    );
+    assert_eq!(o.backfill.segments, Some(64));
+    assert_eq!(o.backfill.write_rate, rate("900"));
+    // This worker's own rejects file, in its state directory.
+    assert_eq!(o.backfill.rejects, state().worker_rejects("w1"));
+    // Stopped by the run's token, as every long-running command.
+    assert!(!o.backfill.stop.is_cancelled());
+    c.common.stop.cancel();
+    assert!(o.backfill.stop.is_cancelled());
+}
+
+#[test]
+fn a_worker_id_is_made_up_when_not_given_and_fleet_urls_are_checked() {
+    let with_host = |name: &str| (name == "HOSTNAME").then(|| "pod-3".to_string());
+    let cli = Cli::try_parse_from(["rekey", "worker", PLAN, "--state", "dynamodb://ctl"]).unwrap();
+    let c = Config::from_args(cli, &with_host).unwrap();
+    let Command::Worker(p) = &c.command else {
+        panic!()
+    };
+    assert!(
+        p.options.worker_id.starts_with("pod-3-"),
+        "{}",
+        p.options.worker_id
+    );
+    // The migration id defaults to the plan's target table.
+    assert_eq!(p.options.fleet.migration, p.plan.target_table);
+    for (args, want) in [
+        (
+            &["worker", PLAN, "--state", "s3://b"][..],
+            "give dynamodb://TABLE",
+        ),
+        (
+            &[
+                "worker",
+                PLAN,
+                "--state",
+                "dynamodb://ctl",
+                "--lease-seconds",
+                "0.5",
+            ],
+            "--lease-seconds: give 1 second or more",
+        ),
+        (
+            &[
+                "worker",
+                PLAN,
+                "--state",
+                "dynamodb://ctl",
+                "--worker-id",
+                "a#b",
+            ],
+            "--worker-id `a#b`",
+        ),
+        (
+            &["iam-policy", PLAN, "--command", "worker"],
+            "--command worker: give",
+        ),
+        (
+            &["reverse", PLAN, "--fleet", "dynamodb://ctl"],
+            "the reverse tail follows no backfill",
+        ),
+    ] {
+        let e = convert(args).unwrap_err();
+        assert!(format!("{e:#}").contains(want), "{args:?}: {e:#}");
+        assert_eq!(exit_code(&e), exit::BAD_INPUT);
+    }
+    let c = convert(&["tail", PLAN, "--fleet", "dynamodb://ctl/m"]).unwrap();
+    assert!(matches!(c.command, Command::TailFleet { ref fleet, .. } if fleet.migration == "m"));
+    let c = convert(&["status", PLAN, "--state", "dynamodb://ctl/m"]).unwrap();
+    assert!(matches!(c.command, Command::FleetStatus(_)));
 }

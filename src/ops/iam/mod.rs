@@ -54,9 +54,14 @@
 //!
 //! No index ARN is granted: rekey never reads an index, and DynamoDB
 //! maintains a table's indexes on writes without index permissions.
-//! `dynamodb:CreateTable` (and `dynamodb:UpdateTable`, with which the demo
-//! enables its source table's stream) is called only by the demo and the
-//! tests, against the local server, so it is never granted either.
+//! `dynamodb:UpdateTable` (with which the demo enables its source table's
+//! stream) is called only by the demo and the tests, against the local
+//! server, so it is never granted. `dynamodb:CreateTable` is granted only
+//! with `--command worker`, on the fleet's control table alone (`--state
+//! dynamodb://TABLE`), which the first worker creates on demand; the workers
+//! also read it (GetItem, Query, DescribeTable) and write it only with
+//! conditional writes (PutItem, UpdateItem). `tail --fleet` reads it with
+//! GetItem.
 
 use std::collections::BTreeSet;
 
@@ -82,6 +87,8 @@ pub enum PolicyCommand {
     Reverse,
     /// `rekey rollback`: the reverse tail's barrier marker in the target.
     Rollback,
+    /// `rekey worker`: a backfill by Scan, and the fleet's control table.
+    Worker,
 }
 
 impl PolicyCommand {
@@ -108,6 +115,9 @@ pub struct PolicyOptions {
     pub region: Option<String>,
     /// `*` when not given.
     pub account: Option<String>,
+    /// The fleet's control table (`--state dynamodb://TABLE`): `worker`
+    /// creates and writes it, `tail --fleet` reads its "backfill done".
+    pub control_table: Option<String>,
 }
 
 /// One AWS action the code calls: the IAM action, the SDK method that makes
@@ -140,7 +150,11 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         &["src/aws/mod.rs"],
     ),
     used("dynamodb:Scan", ".scan()", &["src/aws/scan.rs"]),
-    used("dynamodb:Query", ".query()", &["src/aws/query.rs"]),
+    used(
+        "dynamodb:Query",
+        ".query()",
+        &["src/aws/query.rs", "src/aws/control.rs"],
+    ),
     used(
         "dynamodb:UpdateItem",
         ".update_item()",
@@ -155,7 +169,7 @@ pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:PutItem",
         ".put_item()",
-        &["src/aws/write.rs", "src/aws/item.rs"],
+        &["src/aws/write.rs", "src/aws/item.rs", "src/aws/control.rs"],
     ),
     used(
         "dynamodb:DeleteItem",
@@ -200,6 +214,11 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         &["src/aws/import.rs"],
     ),
     used(
+        "dynamodb:CreateTable",
+        ".create_table()",
+        &["src/aws/mod.rs"],
+    ),
+    used(
         "dynamodb:DescribeImport",
         ".describe_import()",
         &["src/aws/import.rs"],
@@ -234,6 +253,7 @@ pub mod sid {
     pub const TARGET_STREAM: &str = "TargetStream";
     pub const MARKER: &str = "DrainBarrierMarker";
     pub const TARGET_MARKER: &str = "RollbackBarrierMarker";
+    pub const CONTROL: &str = "FleetControlTable";
     pub const EXPORT_OBJECTS: &str = "ReadExport";
     pub const EXPORT_LIST: &str = "ListExport";
     pub const IMPORT_JOB: &str = "ImportJob";
@@ -258,6 +278,7 @@ struct Needs {
     marker: BTreeSet<&'static str>,
     target_stream: BTreeSet<&'static str>,
     target_marker: BTreeSet<&'static str>,
+    control: BTreeSet<&'static str>,
     export: bool,
     import: bool,
 }
@@ -374,7 +395,29 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                 n.target_marker
                     .extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
             }
+            Worker => {
+                n.source.extend(["dynamodb:DescribeTable", "dynamodb:Scan"]);
+                n.target.extend([
+                    "dynamodb:DescribeTable",
+                    "dynamodb:BatchWriteItem",
+                    "dynamodb:PutItem",
+                ]);
+                // The control table: created on demand, then leases,
+                // checkpoints, claims and the workers' records.
+                n.control.extend([
+                    "dynamodb:CreateTable",
+                    "dynamodb:DescribeTable",
+                    "dynamodb:GetItem",
+                    "dynamodb:PutItem",
+                    "dynamodb:UpdateItem",
+                    "dynamodb:Query",
+                ]);
+            }
         }
+    }
+    if commands.contains(&Tail) {
+        // `tail --fleet` reads the fleet's "backfill done" record.
+        n.control.insert("dynamodb:GetItem");
     }
     n
 }
@@ -482,6 +525,11 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
         let mut s = statement(sid::TARGET_MARKER, &n.target_marker, target_arn);
         s.condition = Some(marker_only);
         statements.push(s);
+    }
+    if let Some(table) = &opts.control_table
+        && !n.control.is_empty()
+    {
+        statements.push(statement(sid::CONTROL, &n.control, table_arn(opts, table)));
     }
     if n.export
         && let Some(ExportLocation::S3 { bucket, prefix }) = &opts.export

@@ -227,6 +227,7 @@ fn the_output_is_valid_json() {
 /// (tests/architecture.rs checks that).
 const AWS_SOURCES: &[(&str, &str)] = &[
     ("src/aws/mod.rs", include_str!("../../aws/mod.rs")),
+    ("src/aws/control.rs", include_str!("../../aws/control.rs")),
     ("src/aws/endpoint.rs", include_str!("../../aws/endpoint.rs")),
     ("src/aws/export.rs", include_str!("../../aws/export.rs")),
     ("src/aws/import.rs", include_str!("../../aws/import.rs")),
@@ -424,4 +425,55 @@ fn reverse_reads_the_targets_stream_and_writes_the_source_and_rollback_only_mark
         set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
     );
     assert!(!sids.contains(&sid::STREAM.to_string()), "{sids:?}");
+}
+
+#[test]
+fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Worker],
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, sids) = by_resource(&policy(&rekey(), &opts));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders"],
+        set(&["dynamodb:DescribeTable", "dynamodb:Scan"])
+    );
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders_v2"],
+        set(&[
+            "dynamodb:BatchWriteItem",
+            "dynamodb:DescribeTable",
+            "dynamodb:PutItem"
+        ])
+    );
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/rekey-control"],
+        set(&[
+            "dynamodb:CreateTable",
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem"
+        ])
+    );
+    assert_eq!(m.len(), 3);
+    assert!(sids.contains(&sid::CONTROL.to_string()));
+    // Every action granted is one the code calls.
+    let known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();
+    assert!(m.values().flatten().all(|a| known.contains(a.as_str())));
+    // CreateTable is granted nowhere else, whatever the commands.
+    let all = PolicyOptions {
+        commands: PolicyCommand::MIGRATION.to_vec(),
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &all));
+    assert!(m.values().flatten().all(|a| a != "dynamodb:CreateTable"));
+    // tail --fleet reads the backfill-done record only.
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/rekey-control"],
+        set(&["dynamodb:GetItem"])
+    );
 }

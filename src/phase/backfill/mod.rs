@@ -56,6 +56,7 @@ use crate::state::control::ControlFile;
 use crate::state::rejects::RejectsFile;
 use crate::state::{BackfillStage, StateStore};
 
+pub mod fleet;
 mod import;
 mod ledger;
 mod page;

@@ -67,6 +67,17 @@ impl Writer {
     /// key, and each old key fans out to few new ones. Returns, per item, None
     /// (written) or why DynamoDB refused it.
     pub(super) async fn write(&self, items: Vec<Item>) -> anyhow::Result<Vec<Option<String>>> {
+        self.write_fenced(items, &|| true).await
+    }
+
+    /// [`Writer::write`], asking `fence` before every BatchWriteItem: once
+    /// it says no (a fleet worker's lease may be gone), no batch is sent and
+    /// the write fails with [`Fenced`].
+    pub(super) async fn write_fenced(
+        &self,
+        items: Vec<Item>,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> anyhow::Result<Vec<Option<String>>> {
         let n = items.len();
         let mut by_key: HashMap<String, Vec<(usize, Item)>> = HashMap::new();
         for (i, it) in items.into_iter().enumerate() {
@@ -117,6 +128,9 @@ impl Writer {
                     rates: &self.key_rates,
                     keys: pks.iter().map(String::as_str).zip(units).collect(),
                 };
+                if !fence() {
+                    return Err(Fenced.into());
+                }
                 let r = write_batch_paced(
                     &self.clients,
                     &self.table,
@@ -141,6 +155,11 @@ impl Writer {
         Ok(out)
     }
 }
+
+/// A fenced write stopped: the writer may no longer write for its unit.
+#[derive(Debug, thiserror::Error)]
+#[error("the lease on this unit may be gone: no more writes for it")]
+pub(super) struct Fenced;
 
 /// One batch's items as the per-key rates see them: partition key and WCU.
 struct BatchPace<'a> {

@@ -1,0 +1,197 @@
+//! More than one machine: `worker`, `tail --fleet`, `status --state
+//! dynamodb://…`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{connect, print, print_done};
+use crate::ops::cli::exit;
+use crate::ops::config::{Common, Planned};
+use crate::ops::progress;
+use crate::phase::backfill::fleet::{self, WorkerOptions, WorkerReport};
+use crate::phase::tail::{self, TailOptions};
+use crate::state::fleet::{Checkpoint, Counts, FleetRef, Snapshot, wall_ms};
+
+/// `rekey worker`.
+pub(super) async fn worker(c: &Common, cmd: Planned<WorkerOptions>) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let report = fleet::run(&clients, &plan, &options, &progress).await?;
+    print_done(c, &report, worker_text)?;
+    Ok(exit::OK)
+}
+
+fn worker_text(r: &WorkerReport) -> String {
+    let t = &r.totals;
+    let w = &r.this_worker;
+    format!(
+        "worker {} on {}: backfill {}. This worker: {} units finished, {} scanned = {} written + {} rejected + {} skipped (rejects in {}). \
+         The fleet: {} scanned = {} written + {} rejected + {} skipped ({} collisions) over {} units.\n",
+        r.worker,
+        r.state,
+        if r.backfill_done { "done" } else { "not done" },
+        r.units_finished.len(),
+        w.scanned,
+        w.written,
+        w.rejected,
+        w.skipped,
+        r.rejects_file,
+        t.scanned,
+        t.written,
+        t.rejected,
+        t.skipped,
+        t.collisions,
+        r.segments
+    )
+}
+
+/// `rekey tail --fleet`: the tail, and beside it the wait for the fleet's
+/// "backfill done" record, mirrored into the tail's state directory.
+pub(super) async fn tail_fleet(
+    c: &Common,
+    cmd: Planned<TailOptions>,
+    at: FleetRef,
+) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let mirror = {
+        let (clients, dir, stop) = (
+            clients.clone(),
+            options.state_dir.clone(),
+            options.stop.clone(),
+        );
+        tokio::spawn(async move { fleet::mirror_done(&clients, &at, &dir, &stop).await })
+    };
+    let result = tail::run(&clients, &plan, &options, &progress).await;
+    mirror.abort();
+    let report = result?;
+    print_done(c, &report, |r| {
+        format!(
+            "tail: {} records ({} buffered until the fleet's backfill finished): {} puts, {} deletes, {} rejected; last lag {:.1} s\n",
+            r.records, r.buffered, r.puts, r.deletes, r.rejected, r.last_lag_seconds
+        )
+    })?;
+    Ok(exit::OK)
+}
+
+/// The fleet as `status` shows it: no key values (a unit's checkpoint is
+/// shown by its page count only).
+#[derive(Debug, Serialize)]
+struct FleetStatus {
+    state: String,
+    segments: u32,
+    backfill_done: bool,
+    totals: Counts,
+    workers: Vec<WorkerLine>,
+    units: Vec<UnitLine>,
+}
+
+#[derive(Debug, Serialize)]
+struct WorkerLine {
+    id: String,
+    state: String,
+    units: Vec<u32>,
+    write_rate: f64,
+    read_rate: f64,
+    /// Seconds since its last heartbeat, by this machine's clock.
+    heartbeat_age_seconds: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct UnitLine {
+    unit: u32,
+    owner: Option<String>,
+    lease: u64,
+    pages: u64,
+    started: bool,
+    done: bool,
+    counts: Counts,
+}
+
+fn fleet_status(at: &FleetRef, snap: Snapshot) -> FleetStatus {
+    let now = wall_ms();
+    FleetStatus {
+        state: at.display(),
+        segments: snap.meta.as_ref().map_or(0, |m| m.segments),
+        backfill_done: snap.meta.as_ref().is_some_and(|m| m.done_ms.is_some()),
+        totals: snap.totals(),
+        workers: snap
+            .workers
+            .iter()
+            .map(|w| WorkerLine {
+                id: w.id.clone(),
+                state: w.state.clone(),
+                units: w.units.clone(),
+                write_rate: w.write_rate,
+                read_rate: w.read_rate,
+                heartbeat_age_seconds: (now - w.heartbeat_ms) as f64 / 1000.0,
+            })
+            .collect(),
+        units: snap
+            .units
+            .iter()
+            .map(|u| UnitLine {
+                unit: u.n,
+                owner: u.owner.clone(),
+                lease: u.lease,
+                pages: u.page,
+                started: u.checkpoint != Checkpoint::Beginning,
+                done: u.done,
+                counts: u.counts,
+            })
+            .collect(),
+    }
+}
+
+fn fleet_text(s: &FleetStatus) -> String {
+    let mut o = String::new();
+    let t = &s.totals;
+    let done = s.units.iter().filter(|u| u.done).count();
+    let _ = writeln!(
+        o,
+        "fleet {}: {done}/{} units done{}; {} scanned = {} written + {} rejected + {} skipped ({} collisions)",
+        s.state,
+        s.segments,
+        if s.backfill_done {
+            ", backfill done"
+        } else {
+            ""
+        },
+        t.scanned,
+        t.written,
+        t.rejected,
+        t.skipped,
+        t.collisions
+    );
+    for w in &s.workers {
+        let _ = writeln!(
+            o,
+            "  worker {} ({}): units {:?}, {:.0} WCU/s, {:.0} RCU/s, heartbeat {:.1} s ago",
+            w.id, w.state, w.units, w.write_rate, w.read_rate, w.heartbeat_age_seconds
+        );
+    }
+    for u in &s.units {
+        let _ = writeln!(
+            o,
+            "  unit {:>3}: {} lease {}, {} pages, {} scanned{}",
+            u.unit,
+            u.owner.as_deref().unwrap_or("free"),
+            u.lease,
+            u.pages,
+            u.counts.scanned,
+            if u.done { ", done" } else { "" }
+        );
+    }
+    o
+}
+
+/// `rekey status --state dynamodb://…`.
+pub(super) async fn status(c: &Common, cmd: Planned<FleetRef>) -> anyhow::Result<i32> {
+    let clients = connect(c).await?;
+    let snap = fleet::fleet_status(&clients, &cmd.options).await?;
+    print(c, &fleet_status(&cmd.options, snap), fleet_text)?;
+    Ok(exit::OK)
+}

@@ -1,0 +1,695 @@
+//! `rekey worker`: one of N identical processes sharing one migration's
+//! backfill through a DynamoDB control table ([`crate::state::fleet`]).
+//!
+//! Each worker takes Scan segments ("units") with conditional writes (the
+//! KCL's lease pattern), renews them on a heartbeat, and reads, transforms,
+//! claims and writes them page by page exactly as `rekey backfill` does —
+//! the same [`Writer`], the same transform — except that a page's target
+//! keys are claimed in the control table (so collisions between workers are
+//! caught) and its checkpoint and counters are committed there, in one
+//! write conditioned on the lease (the fence). A worker that lost a lease
+//! stops writing for its unit at once: it fences itself on its own clock
+//! before every BatchWriteItem and every commit. Once every unit is done, it
+//! records "backfill done" in the control table and exits.
+//!
+//! The budgets are the table's: each worker takes its share (÷ live
+//! workers), re-read on every heartbeat.
+
+mod unit;
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use tokio::task::JoinSet;
+
+use super::*;
+use crate::aws::AwsError;
+use crate::aws::control::{Cond, ControlTable};
+use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
+use crate::state::fleet::{Counts, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
+
+pub use unit::LeaseLost;
+
+/// `rekey worker`.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// Rates, page size, `--segments` (when this worker creates the
+    /// migration), the rejects file (this worker's own), the stop token.
+    pub backfill: BackfillOptions,
+    pub fleet: FleetRef,
+    pub worker_id: String,
+    /// How long a lease lives without a renewal.
+    pub lease: Duration,
+    /// Units held at once, at most.
+    pub max_units: usize,
+}
+
+/// Segments of a migration created without `--segments`: enough for a
+/// fleet (a unit is the smallest piece a worker can take over).
+pub const DEFAULT_FLEET_SEGMENTS: u32 = 32;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerReport {
+    pub worker: String,
+    pub state: String,
+    pub segments: u32,
+    /// Units this worker finished.
+    pub units_finished: Vec<u32>,
+    /// What this worker committed.
+    pub this_worker: Counts,
+    /// The whole migration's committed counters when this worker left.
+    pub totals: Counts,
+    pub backfill_done: bool,
+    pub rejects_file: String,
+    pub elapsed_seconds: f64,
+}
+
+/// A lease held, as the heartbeat and the fence see it.
+struct Held {
+    lease: Lease,
+    beat: u64,
+    /// When the last successful renewal (or the take) was sent: own clock.
+    renewed: Duration,
+    /// Cancelled when the lease is lost or the worker stops.
+    stop: CancellationToken,
+}
+
+/// What the worker's tasks share.
+pub(super) struct Shared {
+    fleet: Fleet,
+    started: Instant,
+    duration: Duration,
+    held: std::sync::Mutex<HashMap<u32, Held>>,
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The fence: may this worker still write for `unit`?
+    pub(super) fn may_write(&self, unit: u32, l: Lease) -> bool {
+        let now = self.now();
+        self.held
+            .lock()
+            .map(|h| {
+                h.get(&unit).is_some_and(|x| {
+                    x.lease == l && lease::may_write(x.renewed, now, self.duration)
+                })
+            })
+            .unwrap_or(false)
+    }
+
+    fn held_units(&self) -> Vec<u32> {
+        self.held
+            .lock()
+            .map(|h| h.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    fn drop_unit(&self, unit: u32) -> Option<Held> {
+        self.held.lock().ok().and_then(|mut h| h.remove(&unit))
+    }
+}
+
+/// The table's budgets, resolved; each worker takes its share.
+#[derive(Debug, Clone, Copy)]
+struct Budgets {
+    read: Option<f64>,
+    write: Option<f64>,
+}
+
+fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
+    total.map(|t| t / live.max(1) as f64)
+}
+
+/// Workers whose heartbeat is recent (three lease durations, on this
+/// machine's clock: only the rate shares depend on it).
+fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
+    let fresh = (duration.as_millis() as i64) * 3;
+    let now = wall_ms();
+    let others = snap
+        .workers
+        .iter()
+        .filter(|w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
+        .count();
+    others + 1
+}
+
+fn refuse_unsupported(plan: &Plan, opts: &WorkerOptions) -> anyhow::Result<()> {
+    let b = &opts.backfill;
+    let what = if plan.mode == Mode::InPlace {
+        Some("an in-place plan")
+    } else if b.from_export.is_some() {
+        Some("--from-export")
+    } else if b.via_import.is_some() {
+        Some("--via-import")
+    } else {
+        None
+    };
+    match what {
+        Some(w) => Err(InputError(format!(
+            "rekey worker does not run {w} yet: it re-keys by Scan into an existing target (use rekey backfill)"
+        ))
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// Runs one worker until every unit is done (Ok, `backfill_done`) or a stop
+/// (its pages in flight committed, its leases released, then [`Stopped`]).
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &WorkerOptions,
+    progress: &Progress,
+) -> anyhow::Result<WorkerReport> {
+    refuse_unsupported(plan, opts)?;
+    let started = Instant::now();
+    let (source, target) = tables(clients, plan, &opts.backfill).await?;
+    let fleet = Fleet::new(
+        ControlTable::new(clients, &opts.fleet.table),
+        opts.fleet.clone(),
+        &opts.worker_id,
+    );
+    let asked = opts.backfill.segments.unwrap_or(DEFAULT_FLEET_SEGMENTS);
+    let segments = fleet.join(plan, asked).await?;
+    if opts.backfill.segments.is_some_and(|n| n != segments) {
+        progress.note(&format!(
+            "--segments {asked} ignored: the migration was created with {segments}"
+        ));
+    }
+    progress.note(&format!(
+        "worker {} joined {} ({segments} units)",
+        opts.worker_id,
+        opts.fleet.display()
+    ));
+    let full = control(&opts.backfill, &source, target.as_ref())?;
+    let budgets = Budgets {
+        read: full.read.rate().await,
+        write: full.write.rate().await,
+    };
+    let control = Arc::new(Control::new(budgets.read, budgets.write));
+    let shared = Arc::new(Shared {
+        fleet,
+        started: Instant::now(),
+        duration: opts.lease,
+        held: std::sync::Mutex::new(HashMap::new()),
+    });
+    let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
+    if let Some(parent) = opts
+        .backfill
+        .rejects
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        // The default is in the state directory, which a worker may not have yet.
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let rejects = RejectsFile::open(&opts.backfill.rejects)?;
+    let drive = Arc::new(unit::UnitDrive {
+        clients: clients.clone(),
+        plan: Arc::new(plan.clone()),
+        shared: shared.clone(),
+        writer,
+        control: control.clone(),
+        rejects: Mutex::new(rejects),
+        this: Mutex::new(Counts::default()),
+        segments,
+        page_limit: opts.backfill.page_limit,
+        claims_at_once: opts.backfill.concurrency.max(1),
+    });
+    let beat_stop = CancellationToken::new();
+    let beats = tokio::spawn(heartbeat(
+        shared.clone(),
+        control.clone(),
+        budgets,
+        beat_stop.clone(),
+    ));
+    progress.start("worker", Some(source.item_count));
+    let outcome = schedule(&shared, &drive, opts, progress).await;
+    progress.finish();
+    beat_stop.cancel();
+    let _ = beats.await;
+    // After the last heartbeat, which would say "running" again.
+    let state = match &outcome {
+        Ok((_, true)) => "done",
+        Ok((_, false)) => "stopped",
+        Err(_) => "failed",
+    };
+    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
+        tracing::warn!(error = %e, "cannot report this worker");
+    }
+    let (finished, done) = outcome?;
+    let snap = shared.fleet.read().await?;
+    let report = WorkerReport {
+        worker: opts.worker_id.clone(),
+        state: opts.fleet.display(),
+        segments,
+        units_finished: finished.into_iter().collect(),
+        this_worker: *drive.this.lock().await,
+        totals: snap.totals(),
+        backfill_done: done,
+        rejects_file: opts.backfill.rejects.display().to_string(),
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+    };
+    if !done {
+        return Err(Stopped.into());
+    }
+    Ok(report)
+}
+
+/// Renews every lease held, then reports this worker and re-reads the
+/// number of live workers for the rate shares; every lease duration ÷
+/// [`BEATS_PER_LEASE`].
+async fn heartbeat(
+    shared: Arc<Shared>,
+    control: Arc<Control>,
+    budgets: Budgets,
+    stop: CancellationToken,
+) {
+    let every = shared.duration / BEATS_PER_LEASE;
+    let mut live_before = 0;
+    loop {
+        renew_all(&shared).await;
+        let me = shared.fleet.worker.clone();
+        let live = match shared.fleet.read_workers().await {
+            Ok(snap) => live_workers(&snap, &me, shared.duration),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the control table");
+                live_before.max(1)
+            }
+        };
+        if live != live_before {
+            // A new share: the table's budget over the workers alive now.
+            control
+                .set_ceilings(share_of(budgets.read, live), share_of(budgets.write, live))
+                .await;
+            tracing::info!(live, "rate share set");
+            live_before = live;
+        }
+        let (w, r) = (
+            share_of(budgets.write, live).unwrap_or(0.0),
+            share_of(budgets.read, live).unwrap_or(0.0),
+        );
+        if let Err(e) = shared
+            .fleet
+            .report_worker(&shared.held_units(), w, r, "running")
+            .await
+        {
+            tracing::warn!(error = %e, "cannot report this worker");
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One renewal of each lease held. A refused renewal means the lease is
+/// gone: its unit stops at once.
+async fn renew_all(shared: &Shared) {
+    let held: Vec<(u32, Lease, u64)> = match shared.held.lock() {
+        Ok(h) => h
+            .values()
+            .map(|x| (x.lease.unit, x.lease, x.beat))
+            .collect(),
+        Err(_) => return,
+    };
+    for (unit, l, beat) in held {
+        let sent = shared.now();
+        // The grant says, atomically with the renewal, how long this worker may write.
+        let until = wall_ms() + shared.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
+        match shared.fleet.renew(l, beat + 1, until).await {
+            Ok(Cond::Written) => {
+                if let Ok(mut h) = shared.held.lock()
+                    && let Some(x) = h.get_mut(&unit)
+                    && x.lease == l
+                {
+                    x.renewed = sent;
+                    x.beat = beat + 1;
+                }
+            }
+            Ok(Cond::Refused) => {
+                tracing::warn!(unit, lease = l.lease, "lease lost: the unit stops");
+                if let Some(x) = shared.drop_unit(unit) {
+                    x.stop.cancel();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(unit, error = %e, "renewal failed; the fence closes unless the next one lands")
+            }
+        }
+    }
+}
+
+/// Takes units while there are some to take, runs each, and ends when every
+/// unit is done (true) or on a stop (false). Returns the units this worker
+/// finished.
+async fn schedule(
+    shared: &Arc<Shared>,
+    drive: &Arc<unit::UnitDrive>,
+    opts: &WorkerOptions,
+    progress: &Progress,
+) -> anyhow::Result<(BTreeSet<u32>, bool)> {
+    let stop = &opts.backfill.stop;
+    let mut observer = Observer::default();
+    let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
+    let mut finished = BTreeSet::new();
+    let every = shared.duration / BEATS_PER_LEASE;
+    let result = loop {
+        if stop.is_cancelled() {
+            break Ok(false);
+        }
+        match step(shared, drive, opts, progress, &mut observer, &mut tasks).await {
+            Ok(true) => break Ok(true),
+            Ok(false) => {}
+            // Asked again at the next beat; the fence and the leases hold meanwhile.
+            Err(e) if passing(&e) => tracing::warn!(error = %e, "control table: trying again"),
+            Err(e) => break Err(e),
+        }
+        let ended = tokio::select! {
+            () = stop.cancelled() => None,
+            () = tokio::time::sleep(every) => None,
+            Some(r) = tasks.join_next() => Some(r),
+        };
+        if let Some(r) = ended
+            && let Err(e) = unit_ended(shared, r, &mut finished).await
+        {
+            break Err(e);
+        }
+    };
+    // Pages in flight finish and commit; then what is held goes back.
+    for u in shared.held_units() {
+        if let Ok(h) = shared.held.lock()
+            && let Some(x) = h.get(&u)
+        {
+            x.stop.cancel();
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = unit_ended(shared, r, &mut finished).await
+            && result.is_ok()
+        {
+            return Err(e);
+        }
+    }
+    release_all(shared).await;
+    result.map(|done| (finished, done))
+}
+
+/// One look at the migration: true once every unit is done (and recorded
+/// so), else the units this worker should take, taken.
+async fn step(
+    shared: &Arc<Shared>,
+    drive: &Arc<unit::UnitDrive>,
+    opts: &WorkerOptions,
+    progress: &Progress,
+    observer: &mut Observer,
+    tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
+) -> anyhow::Result<bool> {
+    let snap = shared.fleet.read().await?;
+    report_progress(shared, drive, &snap, progress).await;
+    if snap.all_done() {
+        shared.fleet.mark_done().await?;
+        return Ok(true);
+    }
+    take_units(shared, drive, opts, &snap, observer, tasks).await?;
+    Ok(false)
+}
+
+/// The fleet's committed items, and this worker's units.
+async fn report_progress(
+    shared: &Shared,
+    drive: &unit::UnitDrive,
+    snap: &Snapshot,
+    progress: &Progress,
+) {
+    let held = shared.held_units();
+    let done = snap.units.iter().filter(|u| u.done).count();
+    let mine = drive.this.lock().await.scanned;
+    progress.status(
+        format!(
+            "fleet: {done}/{} units done; this worker: units {held:?}, {mine} items",
+            snap.units.len()
+        ),
+        serde_json::json!({
+            "units": snap.units.len(),
+            "units_done": done,
+            "held": held,
+            "this_worker_scanned": mine,
+        }),
+    );
+    progress.update(snap.totals().scanned, 0.0);
+}
+
+/// A failure that passes: a throttle or a transient error of an AWS call.
+/// The worker carries on (a unit it hit is given up and taken again).
+fn passing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let aws = c
+            .downcast_ref::<AwsError>()
+            .or(match c.downcast_ref::<FleetError>() {
+                Some(FleetError::Aws(a)) => Some(a),
+                _ => None,
+            });
+        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
+    })
+}
+
+/// Units to take now: this worker's share of those not done, free ones
+/// first, then those whose lease expired (judged on this worker's clock).
+async fn take_units(
+    shared: &Arc<Shared>,
+    drive: &Arc<unit::UnitDrive>,
+    opts: &WorkerOptions,
+    snap: &Snapshot,
+    observer: &mut Observer,
+    tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
+) -> anyhow::Result<()> {
+    let now = shared.now();
+    let me = shared.fleet.worker.clone();
+    let open = snap.units.iter().filter(|u| !u.done).count();
+    let want = lease::share(
+        open,
+        live_workers(snap, &me, shared.duration),
+        opts.max_units,
+    );
+    let mut free = Vec::new();
+    let mut expired = Vec::new();
+    let held = shared.held_units();
+    for u in &snap.units {
+        let seen = observer.observe(u, now);
+        // A unit this worker let go (its fence closed) is judged as anyone's.
+        let who = if held.contains(&u.n) { me.as_str() } else { "" };
+        match lease::judge(u, who, &seen, now, shared.duration) {
+            Judgement::Free { .. } => free.push(u),
+            Judgement::Expired { beat, .. } => expired.push((u, beat)),
+            _ => {}
+        }
+    }
+    // Workers start at different units so that they rarely race for one.
+    let offset = (md5_u64(&me) % snap.units.len().max(1) as u64) as usize;
+    free.sort_by_key(|u| (u.n as usize + snap.units.len() - offset) % snap.units.len().max(1));
+    let candidates = free
+        .into_iter()
+        .map(|u| (u, None))
+        .chain(expired.into_iter().map(|(u, b)| (u, Some(b))));
+    for (u, beat) in candidates {
+        if shared.held_units().len() >= want || opts.backfill.stop.is_cancelled() {
+            break;
+        }
+        let sent = shared.now();
+        let Some(l) = shared
+            .fleet
+            .take(u, beat, shared.duration.mul_f64(FENCE_FRACTION))
+            .await?
+        else {
+            continue; // another worker was first
+        };
+        tracing::info!(
+            unit = u.n,
+            lease = l.lease,
+            page = u.page,
+            taken_over = beat.is_some(),
+            "unit taken"
+        );
+        let token = opts.backfill.stop.child_token();
+        if let Ok(mut h) = shared.held.lock() {
+            h.insert(
+                u.n,
+                Held {
+                    lease: l,
+                    beat: 0,
+                    renewed: sent,
+                    stop: token.clone(),
+                },
+            );
+        }
+        let (drive, unit) = (drive.clone(), u.clone());
+        tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) });
+    }
+    Ok(())
+}
+
+fn md5_u64(s: &str) -> u64 {
+    use md5::{Digest, Md5};
+    let d = Md5::digest(s.as_bytes());
+    u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// A unit's task ended: done, stopped, lost (not an error: another worker
+/// goes on from its checkpoint), or failed (the worker stops).
+async fn unit_ended(
+    shared: &Shared,
+    r: Result<(u32, anyhow::Result<bool>), tokio::task::JoinError>,
+    finished: &mut BTreeSet<u32>,
+) -> anyhow::Result<()> {
+    let (unit, r) = match r {
+        Ok(x) => x,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => return Ok(()),
+    };
+    match r {
+        Ok(true) => {
+            shared.drop_unit(unit);
+            finished.insert(unit);
+            tracing::info!(unit, "unit done");
+            Ok(())
+        }
+        // Stopped: still held, released once every unit has stopped.
+        Ok(false) => Ok(()),
+        Err(e) if unit::lost(&e) || passing(&e) => {
+            tracing::warn!(unit, error = %e, "unit given up: its lease is gone, or a call failed");
+            if let Some(x) = shared.drop_unit(unit) {
+                // Still ours if only the fence closed: hand it over at once.
+                let _ = shared.fleet.release(x.lease).await;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.context(format!("unit {unit}"))),
+    }
+}
+
+/// Gives back every lease still held (a stop), so that another worker
+/// takes the units at once instead of waiting for them to expire.
+async fn release_all(shared: &Shared) {
+    let held: Vec<Held> = match shared.held.lock() {
+        Ok(mut h) => h.drain().map(|(_, x)| x).collect(),
+        Err(_) => return,
+    };
+    for x in held {
+        match shared.fleet.release(x.lease).await {
+            Ok(_) => tracing::info!(unit = x.lease.unit, "lease released"),
+            Err(e) => {
+                tracing::warn!(unit = x.lease.unit, error = %e, "cannot release; it expires instead")
+            }
+        }
+    }
+}
+
+/// `rekey tail --fleet`: waits until the fleet recorded "backfill done",
+/// then marks the tail's state directory as a local backfill would, so the
+/// tail applies what it buffered. Ends at the mark, or when `stop` is
+/// cancelled.
+pub async fn mirror_done(
+    clients: &Clients,
+    fleet: &FleetRef,
+    state_dir: &StateDir,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    let f = Fleet::new(
+        ControlTable::new(clients, &fleet.table),
+        fleet.clone(),
+        "tail",
+    );
+    loop {
+        match f.meta().await {
+            Ok(Some(m)) if m.done_ms.is_some() => {
+                state_dir.mark_backfill_done()?;
+                return Ok(());
+            }
+            Ok(_) => {}
+            // Not there yet (the first worker creates it): ask again.
+            Err(FleetError::Aws(AwsError::NotFound { .. })) => {}
+            Err(e) => return Err(e.into()),
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+/// `rekey status --state dynamodb://…`: what the control table holds.
+pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result<Snapshot> {
+    let f = Fleet::new(
+        ControlTable::new(clients, &fleet.table),
+        fleet.clone(),
+        "status",
+    );
+    Ok(f.read().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::fleet::WorkerInfo;
+
+    fn worker(id: &str, state: &str, age_ms: i64) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            heartbeat_ms: wall_ms() - age_ms,
+            units: vec![],
+            write_rate: 0.0,
+            read_rate: 0.0,
+            state: state.into(),
+        }
+    }
+
+    #[test]
+    fn the_budget_is_shared_by_the_workers_with_a_fresh_heartbeat() {
+        let snap = Snapshot {
+            workers: vec![
+                worker("me", "running", 0),
+                worker("b", "running", 1_000),
+                worker("c", "running", 100_000),
+                worker("d", "stopped", 0),
+                worker("e", "done", 0),
+            ],
+            ..Default::default()
+        };
+        let live = live_workers(&snap, "me", Duration::from_secs(10));
+        assert_eq!(live, 2, "me and b; c is silent, d and e left");
+        assert_eq!(share_of(Some(1000.0), live), Some(500.0));
+        assert_eq!(share_of(None, live), None);
+        assert_eq!(
+            live_workers(&Snapshot::default(), "me", Duration::from_secs(10)),
+            1
+        );
+    }
+
+    #[test]
+    fn throttles_and_transient_failures_pass_a_lost_lease_is_its_own_case() {
+        let endpoint = Arc::new(crate::aws::Endpoint {
+            service: crate::aws::Service::DynamoDb,
+            url: "http://x".into(),
+            source: crate::aws::Source::Flag,
+        });
+        let transient = AwsError::Unreachable {
+            endpoint,
+            detail: "reset".into(),
+        };
+        let e = anyhow::Error::new(FleetError::Aws(transient)).context("commit");
+        assert!(passing(&e));
+        let schema = AwsError::Schema {
+            table: "t".into(),
+            detail: "x".into(),
+        };
+        assert!(!passing(&anyhow::Error::new(FleetError::Aws(schema))));
+        let lost = anyhow::Error::new(LeaseLost { unit: 1, lease: 2 });
+        assert!(unit::lost(&lost) && !passing(&lost));
+        assert!(unit::lost(&anyhow::Error::new(Fenced).context("write")));
+    }
+}

@@ -1,0 +1,226 @@
+//! One unit (Scan segment) under a lease: read from its last committed
+//! checkpoint, page by page; each page transformed, its target keys claimed
+//! in the control table, written under the fence, and committed with its
+//! counters in one write conditioned on the lease.
+
+use super::*;
+use crate::state::fleet::Checkpoint;
+
+/// The lease on a unit is gone (its commit was refused, or the fence
+/// closed): the unit stops at once, and another worker goes on from its
+/// last committed checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[error("unit {unit}: lease {lease} is no longer this worker's")]
+pub struct LeaseLost {
+    pub unit: u32,
+    pub lease: u64,
+}
+
+/// Whether `e` means the unit's lease is gone (not a failure of the worker).
+pub(super) fn lost(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<LeaseLost>() || c.is::<Fenced>())
+}
+
+/// What every unit of a worker shares.
+pub(super) struct UnitDrive {
+    pub(super) clients: Clients,
+    pub(super) plan: Arc<Plan>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) writer: Arc<Writer>,
+    pub(super) control: Arc<Control>,
+    /// This worker's own rejects file; each line tagged (unit, lease, page).
+    pub(super) rejects: Mutex<RejectsFile>,
+    /// What this worker committed.
+    pub(super) this: Mutex<Counts>,
+    pub(super) segments: u32,
+    pub(super) page_limit: Option<i32>,
+    /// Claims in flight at once.
+    pub(super) claims_at_once: usize,
+}
+
+impl UnitDrive {
+    /// Runs `unit` under lease `l` until it is done (true), `stop` is
+    /// cancelled (false: the page in flight committed), or the lease is
+    /// lost ([`LeaseLost`]).
+    pub(super) async fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> anyhow::Result<bool> {
+        let start = match &unit.checkpoint {
+            Checkpoint::Done => return Ok(true),
+            Checkpoint::Beginning => SegmentStart::Beginning,
+            Checkpoint::After(k) => SegmentStart::After(k.clone()),
+        };
+        let mut starts = vec![SegmentStart::Done; self.segments as usize];
+        starts[unit.n as usize] = start;
+        let opts = ScanOptions {
+            table: self.plan.source_table.clone(),
+            segments: self.segments,
+            page_limit: self.page_limit,
+            consistent_read: false,
+            stop: stop.clone(),
+        };
+        let page_no = Arc::new(AtomicU64::new(unit.page));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (me, pages, finished) = (self.clone(), page_no.clone(), done.clone());
+        scan::scan(
+            &self.clients,
+            &opts,
+            starts,
+            self.control.clone(),
+            move |page: Page| {
+                let (me, pages, finished) = (me.clone(), pages.clone(), finished.clone());
+                async move {
+                    let last = page.next.is_none();
+                    me.page(l, page, pages.load(Ordering::SeqCst)).await?;
+                    pages.fetch_add(1, Ordering::SeqCst);
+                    finished.store(last, Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+        .await?;
+        Ok(done.load(Ordering::SeqCst))
+    }
+
+    fn fence(&self, l: Lease) -> anyhow::Result<()> {
+        if self.shared.may_write(l.unit, l) {
+            Ok(())
+        } else {
+            Err(LeaseLost {
+                unit: l.unit,
+                lease: l.lease,
+            }
+            .into())
+        }
+    }
+
+    /// One page: process, tag and write its rejects, commit under the lease.
+    async fn page(&self, l: Lease, page: Page, page_no: u64) -> anyhow::Result<()> {
+        self.fence(l)?;
+        let shared = self.shared.clone();
+        let fence = move || shared.may_write(l.unit, l);
+        let (mut counts, rejects) = self.process(&page.items, &fence).await?;
+        counts.scanned += page.unreadable;
+        counts.rejected += page.unreadable;
+        let checkpoint = match &page.next {
+            Some(k) => Checkpoint::After(k.clone()),
+            None => Checkpoint::Done,
+        };
+        // Lines first, durably; a page whose commit never lands is read again
+        // and its lines written again, under a later lease (readers keep the
+        // committing lease's lines: `state::fleet::committed_lease`).
+        {
+            let mut file = self.rejects.lock().await;
+            let tag = serde_json::json!({"unit": l.unit, "lease": l.lease, "page": page_no});
+            for (item, reason) in &rejects {
+                file.write_tagged(item, reason, &tag)?;
+            }
+            file.flush_len()?;
+        }
+        self.fence(l)?;
+        let cond = self
+            .shared
+            .fleet
+            .commit(l, &checkpoint, &counts, page_no + 1)
+            .await?;
+        if cond == Cond::Refused {
+            return Err(LeaseLost {
+                unit: l.unit,
+                lease: l.lease,
+            }
+            .into());
+        }
+        self.this.lock().await.add(&counts);
+        tracing::info!(
+            unit = l.unit,
+            lease = l.lease,
+            page = page_no,
+            scanned = counts.scanned,
+            written = counts.written,
+            rejected = counts.rejected,
+            skipped = counts.skipped,
+            "checkpoint committed"
+        );
+        Ok(())
+    }
+
+    /// Transform, claim in the control table, write (fenced): the page's
+    /// counters and rejects.
+    async fn process(
+        &self,
+        items: &[Item],
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> anyhow::Result<(Counts, Vec<(Item, String)>)> {
+        let plan = &self.plan;
+        let mut c = Counts {
+            scanned: items.len() as u64,
+            ..Default::default()
+        };
+        let mut rejects = Vec::new();
+        let mut puts = Vec::new();
+        let (target_names, source_names) = (plan.target_key.names(), plan.source_key.names());
+        for item in items {
+            match transform(plan, item) {
+                Outcome::Put { item: out, .. } => {
+                    let tk = encode_key(&out, &target_names).unwrap_or_default();
+                    let sk = encode_key(item, &source_names).unwrap_or_default();
+                    puts.push((out, item, tk, sk));
+                }
+                Outcome::Reject(r) => {
+                    c.rejected += 1;
+                    rejects.push((item.clone(), r.to_string()));
+                }
+                Outcome::Skip => c.skipped += 1,
+            }
+        }
+        // Claimed before the write, as the local claim index is.
+        let keys: Vec<(Vec<u8>, Vec<u8>)> = puts
+            .iter()
+            .map(|(_, _, tk, sk)| (tk.clone(), sk.clone()))
+            .collect();
+        let shared = self.shared.clone();
+        let owners: Vec<Result<Option<Vec<u8>>, FleetError>> = stream::iter(keys)
+            .map(move |(tk, sk)| {
+                let shared = shared.clone();
+                async move { shared.fleet.claim(&tk, &sk).await }
+            })
+            .buffered(self.claims_at_once)
+            .collect()
+            .await;
+        let (mut outs, mut srcs) = (Vec::new(), Vec::new());
+        for ((out, src, tk, _), owner) in puts.into_iter().zip(owners) {
+            match owner? {
+                None => {
+                    outs.push(out);
+                    srcs.push(src);
+                }
+                Some(other) => {
+                    c.rejected += 1;
+                    c.collisions += 1;
+                    rejects.push((
+                        src.clone(),
+                        format!(
+                            "collision: target key {} already belongs to source item {} — never overwritten",
+                            decode_key(&tk).join(" / "),
+                            decode_key(&other).join(" / ")
+                        ),
+                    ));
+                }
+            }
+        }
+        let refusals = self.writer.write_fenced(outs, fence).await?;
+        for (refused, src) in refusals.into_iter().zip(srcs) {
+            match refused {
+                None => c.written += 1,
+                Some(reason) => {
+                    c.rejected += 1;
+                    rejects.push((src.clone(), reason));
+                }
+            }
+        }
+        Ok((c, rejects))
+    }
+}
