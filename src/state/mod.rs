@@ -57,6 +57,53 @@ fn owner_of(dir: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// sled's lock is a file lock held until every handle of a closed store is
+/// gone, and its flusher thread lets go of its handle only at its next tick
+/// (at most 500 ms). So a store this very process just closed can look
+/// locked for a moment: only then (the owner file names this process) is
+/// the open tried again, for up to 2 s. Another process's lock is answered
+/// at once.
+fn open_sled(dir: &Path) -> Result<sled::Db, StateError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match try_open_sled(dir) {
+            Err(StateError::Locked { owner, .. })
+                if owner.contains(&format!("pid {}:", std::process::id()))
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn try_open_sled(dir: &Path) -> Result<sled::Db, StateError> {
+    // sled caches up to 1 GiB by default. Nothing per item lives here (the
+    // claim index is in claims.rs, on redb), so the cache stays small.
+    sled::Config::new()
+        .path(dir.join("db"))
+        .cache_capacity(CACHE_BYTES)
+        .open()
+        .map_err(|e| {
+            let text = e.to_string();
+            if text.contains("lock")
+                || text.contains("WouldBlock")
+                || text.contains("temporarily unavailable")
+            {
+                StateError::Locked {
+                    dir: dir.to_path_buf(),
+                    owner: owner_of(dir),
+                }
+            } else {
+                StateError::Store {
+                    dir: dir.to_path_buf(),
+                    detail: text,
+                }
+            }
+        })
+}
+
 impl StateStore {
     pub fn open(dir: &Path, plan: &Plan) -> Result<StateStore, StateError> {
         let store_err = |detail: String| StateError::Store {
@@ -70,26 +117,7 @@ impl StateStore {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| store_err(format!("cannot restrict permissions: {e}")))?;
         }
-        // sled caches up to 1 GiB by default. Nothing per item lives here (the
-        // claim index is in claims.rs, on redb), so the cache stays small.
-        let db = sled::Config::new()
-            .path(dir.join("db"))
-            .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("lock")
-                    || text.contains("WouldBlock")
-                    || text.contains("temporarily unavailable")
-                {
-                    StateError::Locked {
-                        dir: dir.to_path_buf(),
-                        owner: owner_of(dir),
-                    }
-                } else {
-                    store_err(text)
-                }
-            })?;
+        let db = open_sled(dir)?;
         let store = StateStore {
             db,
             dir: dir.to_path_buf(),
