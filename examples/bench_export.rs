@@ -17,7 +17,7 @@
 //! Run:
 //!   cargo build --release --example bench_export
 //!   target/release/examples/bench_export [--items N] [--files F] [--parallel P]
-//!       [--repeat R] [--dir DIR] [--write-only]
+//!       [--repeat R] [--dir DIR] [--write-only] [--transform-only]
 //!
 //! `--write-only --dir DIR` generates the export into DIR and exits (used by
 //! scripts/bench/peak-rss). The generator is deterministic (SplitMix64, fixed
@@ -343,6 +343,8 @@ struct Args {
     repeat: usize,
     dir: Option<PathBuf>,
     write_only: bool,
+    /// Only the in-memory transform, `repeat` times (for a profiler).
+    transform_only: bool,
 }
 
 fn parse_args() -> Args {
@@ -353,6 +355,7 @@ fn parse_args() -> Args {
         repeat: 3,
         dir: None,
         write_only: false,
+        transform_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -364,10 +367,11 @@ fn parse_args() -> Args {
             "--repeat" => a.repeat = val("--repeat").parse().expect("--repeat R"),
             "--dir" => a.dir = Some(PathBuf::from(val("--dir"))),
             "--write-only" => a.write_only = true,
+            "--transform-only" => a.transform_only = true,
             "-h" | "--help" => {
                 println!(
                     "bench_export [--items N (1000000)] [--files F (8)] [--parallel P (2)] \
-                     [--repeat R (3)] [--dir DIR] [--write-only]"
+                     [--repeat R (3)] [--dir DIR] [--write-only] [--transform-only]"
                 );
                 std::process::exit(0);
             }
@@ -384,6 +388,15 @@ fn parse_args() -> Args {
 
 fn main() {
     let args = parse_args();
+    if args.transform_only {
+        let plan = Plan::parse(PLAN, Path::new("plans/tenant-day-shard.toml")).expect("the plan");
+        let per_item = transform_alone(&plan, args.repeat);
+        println!(
+            "transform alone: {per_item:.2} µs/item (median of {})",
+            args.repeat
+        );
+        return;
+    }
     let _temp;
     let dir = match &args.dir {
         Some(d) => {

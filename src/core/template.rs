@@ -117,7 +117,8 @@ impl fmt::Display for RenderError {
 
 /// What a template renders from: the captures of the matching rule and the source item.
 pub struct Scope<'a> {
-    pub captures: &'a [(String, String)],
+    /// Capture name → captured text (borrowed: matching allocates nothing).
+    pub captures: &'a [(&'a str, &'a str)],
     pub item: &'a Item,
     pub default_hash: HashFn,
 }
@@ -190,7 +191,8 @@ impl Template {
     }
 
     pub fn render(&self, scope: &Scope<'_>) -> Result<String, RenderError> {
-        let mut out = String::new();
+        // Sized once for the usual key (a reallocation per part showed in profiles).
+        let mut out = String::with_capacity(64);
         for part in &self.parts {
             match part {
                 Part::Lit(l) => out.push_str(l),
@@ -232,8 +234,8 @@ fn eval<'a>(expr: &'a Expr, scope: &'a Scope<'a>) -> Result<Evaluated<'a>, Rende
             let v = scope
                 .captures
                 .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
+                .find(|(n, _)| *n == name.as_str())
+                .map(|(_, v)| *v)
                 .unwrap_or("");
             Evaluated::Text(Cow::Borrowed(v))
         }
@@ -279,19 +281,36 @@ pub struct Shape {
     pub text: String,
     /// Capture names in order, with their byte offsets in the shape text.
     pub captures: Vec<(String, usize)>,
+    /// The literal text around the captures: one more than there are
+    /// captures (the first and last may be empty, the others never are).
+    lits: Vec<String>,
+    /// `^lit(?s:(.+?))lit…$`: the definition of a match. [`Shape::ranges`]
+    /// finds the same match by searching for the literals, which is several
+    /// times faster on keys; the regex answers where that search could be slow.
     regex: Regex,
 }
+
+/// The byte offset of the character after the one at `at`.
+fn next_char(value: &str, at: usize) -> usize {
+    at + value[at..].chars().next().map_or(1, char::len_utf8)
+}
+
+/// Above this many bytes, a shape with three or more captures is matched by
+/// the regex, whose time is linear; the literal search can be quadratic there.
+const LITERAL_SEARCH_MAX_BYTES: usize = 4096;
 
 impl Shape {
     pub fn parse(text: &str) -> Result<Shape, SyntaxError> {
         let t = Template::parse(text)?;
         let mut pattern = String::from("^");
         let mut captures: Vec<(String, usize)> = Vec::new();
+        let mut lits = vec![String::new()];
         let mut prev_was_capture = false;
         for part in &t.parts {
             match part {
                 Part::Lit(l) => {
                     pattern.push_str(&regex::escape(l));
+                    lits.last_mut().expect("never empty").push_str(l);
                     prev_was_capture = false;
                 }
                 Part::Expr {
@@ -313,6 +332,7 @@ impl Shape {
                     }
                     pattern.push_str("(?s:(.+?))");
                     captures.push((name.clone(), *offset));
+                    lits.push(String::new());
                     prev_was_capture = true;
                 }
                 Part::Expr { offset, .. } => {
@@ -331,6 +351,7 @@ impl Shape {
         Ok(Shape {
             text: text.to_string(),
             captures,
+            lits,
             regex,
         })
     }
@@ -338,6 +359,71 @@ impl Shape {
     /// The byte ranges of the captures in `value`, in order, if the whole
     /// value matches.
     pub fn capture_ranges(&self, value: &str) -> Option<Vec<std::ops::Range<usize>>> {
+        if self.captures.len() >= 3 && value.len() > LITERAL_SEARCH_MAX_BYTES {
+            return self.regex_ranges(value);
+        }
+        let (first, last) = (&self.lits[0], &self.lits[self.lits.len() - 1]);
+        if self.captures.is_empty() {
+            return (value == first.as_str()).then(Vec::new);
+        }
+        if !value.starts_with(first.as_str())
+            || !value.ends_with(last.as_str())
+            || value.len() < first.len() + last.len()
+        {
+            return None;
+        }
+        let mut ranges = Vec::with_capacity(self.captures.len());
+        let mut failed = Vec::new();
+        let end = value.len() - last.len();
+        self.search(value, 0, first.len(), end, &mut ranges, &mut failed)
+            .then_some(ranges)
+    }
+
+    /// Capture `i` starts at `at`; the last one ends at `end`. Each capture is
+    /// as short as it can be (at least one character) with the rest still
+    /// matching — the lazy `.+?`'s leftmost-first order, tried in the same
+    /// order. `failed` remembers starts that cannot match, so no start is
+    /// searched twice.
+    fn search(
+        &self,
+        value: &str,
+        i: usize,
+        at: usize,
+        end: usize,
+        ranges: &mut Vec<std::ops::Range<usize>>,
+        failed: &mut Vec<(usize, usize)>,
+    ) -> bool {
+        if i + 1 == self.captures.len() {
+            if end > at {
+                ranges.push(at..end);
+                return true;
+            }
+            return false;
+        }
+        let lit = self.lits[i + 1].as_str();
+        // The capture holds at least one character; a literal is found only
+        // at a character boundary (UTF-8 never matches mid-character).
+        let mut from = next_char(value, at);
+        while from + lit.len() <= end {
+            let Some(found) = value[..end].get(from..).and_then(|v| v.find(lit)) else {
+                return false;
+            };
+            let stop = from + found;
+            let next = stop + lit.len();
+            if !failed.contains(&(i + 1, next)) {
+                ranges.push(at..stop);
+                if self.search(value, i + 1, next, end, ranges, failed) {
+                    return true;
+                }
+                ranges.pop();
+                failed.push((i + 1, next));
+            }
+            from = next_char(value, stop);
+        }
+        false
+    }
+
+    fn regex_ranges(&self, value: &str) -> Option<Vec<std::ops::Range<usize>>> {
         let caps = self.regex.captures(value)?;
         Some(
             (1..caps.len())
@@ -348,10 +434,10 @@ impl Shape {
 
     /// The captures, in order, if the whole value matches.
     pub fn matches(&self, value: &str) -> Option<Vec<String>> {
-        let caps = self.regex.captures(value)?;
         Some(
-            (1..caps.len())
-                .map(|i| caps.get(i).map_or("", |m| m.as_str()).to_string())
+            self.capture_ranges(value)?
+                .into_iter()
+                .map(|r| value[r].to_string())
                 .collect(),
         )
     }
@@ -619,7 +705,10 @@ mod tests {
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect();
         Template::parse(t).unwrap().render(&Scope {
-            captures: &captures,
+            captures: &captures
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
             item,
             default_hash: HashFn::Fnv1a32,
         })
@@ -734,6 +823,22 @@ mod tests {
         assert_eq!(s.matches("AB1*"), None);
         let s = Shape::parse("{{{x}}}").unwrap();
         assert_eq!(s.matches("{v}"), Some(vec!["v".into()]));
+        // Long values with three captures go to the regex; the answer is the same.
+        let s = Shape::parse("{a}#{b}#{c}").unwrap();
+        let long = format!("{}#{}#z", "x#".repeat(3000), "y");
+        assert!(long.len() > LITERAL_SEARCH_MAX_BYTES);
+        assert_eq!(s.capture_ranges(&long), s.regex_ranges(&long));
+        assert_eq!(s.matches(&long).unwrap()[0], "x");
+        // Each capture holds at least one character, multi-byte ones too.
+        let s = Shape::parse("{a}#{b}").unwrap();
+        assert_eq!(
+            s.matches("\u{e9}#\u{65e5}"),
+            Some(vec!["\u{e9}".into(), "\u{65e5}".into()])
+        );
+        assert_eq!(s.matches("#x"), None);
+        assert_eq!(s.matches("x#"), None);
+        assert_eq!(s.matches("##"), None);
+        assert_eq!(s.matches("###"), Some(vec!["#".into(), "#".into()]));
     }
 
     fn literal() -> impl Strategy<Value = String> {
@@ -760,11 +865,34 @@ mod tests {
             shape.push_str(&lits[0]);
             let t = Template::parse(&shape).unwrap();
             let item = Item::new();
-            let rendered = t.render(&Scope { captures: &caps, item: &item, default_hash: HashFn::Fnv1a32 }).unwrap();
+            let rendered = t.render(&Scope { captures: &caps.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect::<Vec<_>>(), item: &item, default_hash: HashFn::Fnv1a32 }).unwrap();
             let s = Shape::parse(&shape).unwrap();
             let got = s.matches(&rendered).unwrap();
             let want: Vec<String> = caps.iter().map(|(_, v)| v.clone()).collect();
             prop_assert_eq!(got, want);
+        }
+
+        /// The literal search finds exactly the regex's match (the lazy
+        /// captures' leftmost-first choice) or none when it finds none, on
+        /// values built from the shapes' own literals, so captures that
+        /// swallow delimiters and values that almost match are common.
+        #[test]
+        fn the_literal_search_matches_exactly_as_the_regex(
+            lits in proptest::collection::vec("(#|##|A#|\u{e9}|)", 1..6),
+            pieces in proptest::collection::vec("(#|##|A|A#|b|\u{e9}|\u{65e5})", 0..14),
+        ) {
+            let mut shape = String::new();
+            for (i, l) in lits.iter().enumerate() {
+                // Between two captures a literal is required: `#` stands in for an empty one.
+                let l = if i > 0 && i + 1 < lits.len() && l.is_empty() { "#" } else { l };
+                shape.push_str(l);
+                if i + 1 < lits.len() {
+                    shape.push_str(&format!("{{c{i}}}"));
+                }
+            }
+            let s = Shape::parse(&shape).unwrap();
+            let value = pieces.concat();
+            prop_assert_eq!(s.capture_ranges(&value), s.regex_ranges(&value), "shape {:?} value {:?}", shape, value);
         }
 
         #[test]

@@ -117,21 +117,28 @@ impl fmt::Display for Reject {
     }
 }
 
-/// Capture name → captured text, in shape order.
-pub type Captures = Vec<(String, String)>;
+/// Capture name → captured text, in shape order, borrowed from the plan
+/// and the item.
+pub type Captures<'a> = Vec<(&'a str, &'a str)>;
 
 /// The first rule whose shapes all match, with its index and captures.
-pub fn match_rule<'p>(plan: &'p Plan, item: &Item) -> Option<(usize, &'p Rule, Captures)> {
+pub fn match_rule<'a>(plan: &'a Plan, item: &'a Item) -> Option<(usize, &'a Rule, Captures<'a>)> {
     'rules: for (i, rule) in plan.rules.iter().enumerate() {
         let mut captures = Vec::new();
         for (attr, shape) in &rule.matchers {
             let Some(text) = item.get(attr).and_then(Value::as_text) else {
                 continue 'rules;
             };
-            let Some(vals) = shape.matches(text) else {
+            let Some(ranges) = shape.capture_ranges(text) else {
                 continue 'rules;
             };
-            captures.extend(shape.captures.iter().map(|(n, _)| n.clone()).zip(vals));
+            captures.extend(
+                shape
+                    .captures
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .zip(ranges.into_iter().map(|r| &text[r])),
+            );
         }
         return Some((i, rule, captures));
     }
@@ -145,9 +152,9 @@ pub fn transform(plan: &Plan, item: &Item) -> Outcome {
             reason,
         })
     };
-    for name in plan.source_key.names() {
-        if !item.contains_key(name) {
-            return reject(None, RejectReason::MissingSourceKey(name.to_string()));
+    for a in plan.source_key.attrs() {
+        if !item.contains_key(&a.name) {
+            return reject(None, RejectReason::MissingSourceKey(a.name.clone()));
         }
     }
     // rekey's own drain markers (barrier.rs) pass through the source only.
@@ -176,7 +183,7 @@ pub fn transform(plan: &Plan, item: &Item) -> Outcome {
 fn apply(
     plan: &Plan,
     rule: &Rule,
-    captures: &[(String, String)],
+    captures: &[(&str, &str)],
     item: &Item,
 ) -> Result<Item, RejectReason> {
     let scope = Scope {
@@ -184,20 +191,25 @@ fn apply(
         item,
         default_hash: plan.hash,
     };
-    let mut out = item.clone();
-    if plan.mode == Mode::Rekey {
-        if !rule.key.is_empty() {
-            for name in plan.source_key.names() {
-                out.remove(name);
-            }
-        }
-        for d in &plan.drop {
-            out.remove(d);
-        }
-        if let Some(prefix) = &plan.source_key_prefix {
-            for name in plan.source_key.names() {
-                out.insert(format!("{prefix}{name}"), item[name].clone());
-            }
+    // Copy only what the target keeps (a clone and then removals cost a
+    // string copy and a tree search per removed attribute).
+    let rekey = plan.mode == Mode::Rekey;
+    let replaced = |name: &str| {
+        rekey
+            && ((!rule.key.is_empty() && plan.source_key.attrs().any(|a| a.name == name))
+                || plan.drop.iter().any(|d| d == name))
+    };
+    let mut out: Item = item
+        .iter()
+        .filter(|(k, _)| !replaced(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if rekey && let Some(prefix) = &plan.source_key_prefix {
+        for a in plan.source_key.attrs() {
+            let mut name = String::with_capacity(prefix.len() + a.name.len());
+            name.push_str(prefix);
+            name.push_str(&a.name);
+            out.insert(name, item[&a.name].clone());
         }
     }
     for r in &rule.remove {

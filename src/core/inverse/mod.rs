@@ -225,11 +225,11 @@ impl Assignment {
     }
 
     /// The captures, for rendering (source key bindings are item attributes).
-    fn captures(&self) -> Vec<(String, String)> {
+    fn captures(&self) -> Vec<(&str, &str)> {
         self.binds
             .iter()
             .filter(|(n, _)| !n.starts_with('@'))
-            .cloned()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect()
     }
 }
@@ -401,7 +401,7 @@ impl<'p> Inverter<'p> {
         &self,
         template: &Template,
         part: usize,
-        captures: &[(String, String)],
+        captures: &[(&str, &str)],
         item: &Item,
     ) -> Result<String, RenderError> {
         let one = Template {

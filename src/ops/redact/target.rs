@@ -331,7 +331,10 @@ mod tests {
             }
         }
         let scope = crate::core::template::Scope {
-            captures: &captures,
+            captures: &captures
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect::<Vec<_>>(),
             item: &item,
             default_hash: crate::core::hash::HashFn::Fnv1a32,
         };

@@ -172,7 +172,10 @@ fn source_item(plan: &Plan, rule: usize, d: &Draw, banned: &[char]) -> Item {
         let t = crate::core::template::Template::parse(&shape.text).expect("shape");
         let text = t
             .render(&crate::core::template::Scope {
-                captures: &captures,
+                captures: &captures
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect::<Vec<_>>(),
                 item: &scope_item,
                 default_hash: plan.hash,
             })
