@@ -118,6 +118,10 @@ impl ControlTable {
         if clients.endpoints.dynamodb.source == Source::Env(STATE_ENDPOINT) {
             tracing::info!(endpoint = %clients.endpoints.dynamodb, "control table endpoint");
         }
+        ControlTable::with(clients, table)
+    }
+
+    fn with(clients: Clients, table: &str) -> ControlTable {
         ControlTable {
             clients,
             table: table.to_string(),
@@ -269,5 +273,42 @@ impl ControlTable {
                 None => Cond::Refused,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::AwsOptions;
+
+    #[tokio::test]
+    async fn the_control_table_goes_to_its_own_endpoint_names_it_and_counts_its_requests() {
+        let data = Clients::connect(&AwsOptions {
+            endpoint_url: Some("http://127.0.0.1:9".into()),
+            region: Some("eu-west-1".into()),
+            static_credentials: Some(("k".into(), "s".into())),
+            max_attempts: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let same = at_endpoint(&data, Some(" ".into()));
+        assert_eq!(same.endpoints.dynamodb, data.endpoints.dynamodb);
+        let t = ControlTable::with(at_endpoint(&data, Some("http://127.0.0.1:7".into())), "ctl");
+        let clone = t.clone();
+        let e = clone.get("MIG#m", "META").await.unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "http://127.0.0.1:7 (from the REKEY_STATE_ENDPOINT_URL environment variable)"
+            ),
+            "{e}"
+        );
+        assert!(clone.query("MIG#m").await.is_err());
+        let calls = t.calls();
+        assert_eq!(
+            (calls.get_item, calls.query, calls.total),
+            (1, 1, 2),
+            "{calls:?}"
+        );
     }
 }
