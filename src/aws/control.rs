@@ -7,9 +7,21 @@
 //! not an error: it means another worker got there first. Every other failure
 //! is an [`AwsError`] naming the control table, the action and the endpoint,
 //! like every other call in `aws`.
+//!
+//! The control table may live at an endpoint of its own
+//! ([`STATE_ENDPOINT`]): a control table beside a fleet whose data is
+//! elsewhere (another endpoint, a local stand-in for a benchmark) while
+//! every data call keeps the usual endpoint settings. Every request is
+//! counted ([`ControlCalls`]), so that a worker can say what its
+//! coordination cost per unit of work.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
+use serde::Serialize;
 
+use crate::aws::endpoint::{Endpoint, Service, Source};
 use crate::aws::item::{Expressions, update_item_if};
 use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
 use crate::core::plan::{KeyAttr, KeySchema};
@@ -27,11 +39,67 @@ pub enum Cond {
     Refused,
 }
 
+/// The control table's own endpoint, when it is not where the data is: read
+/// by [`ControlTable::new`] (so by `worker`, `tail --fleet` and `status`).
+/// Unset or empty, the control table uses the DynamoDB endpoint of the data.
+pub const STATE_ENDPOINT: &str = "REKEY_STATE_ENDPOINT_URL";
+
 /// One control table.
 #[derive(Debug, Clone)]
 pub struct ControlTable {
     pub clients: Clients,
     pub table: String,
+    /// Shared by every clone: what this process asked of the table.
+    calls: Arc<Counters>,
+}
+
+/// Requests sent to the control table by this process, by action: each
+/// page of a Query counts once; the SDK's own retries of one request do
+/// not count; neither do the table check at join (DescribeTable, and
+/// CreateTable for the worker that creates it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ControlCalls {
+    pub get_item: u64,
+    pub query: u64,
+    pub put_item: u64,
+    pub update_item: u64,
+    /// The four added up.
+    pub total: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    get_item: AtomicU64,
+    query: AtomicU64,
+    put_item: AtomicU64,
+    update_item: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `clients` with its DynamoDB client sent to `url` instead (the control
+/// table's endpoint, from [`STATE_ENDPOINT`]); unchanged when `url` is None
+/// or empty. Errors then name that endpoint and the variable.
+pub fn at_endpoint(clients: &Clients, url: Option<String>) -> Clients {
+    let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
+        return clients.clone();
+    };
+    let conf = clients
+        .dynamodb
+        .config()
+        .to_builder()
+        .endpoint_url(&url)
+        .build();
+    let mut c = clients.clone();
+    c.dynamodb = aws_sdk_dynamodb::Client::from_conf(conf);
+    c.endpoints.dynamodb = Arc::new(Endpoint {
+        service: Service::DynamoDb,
+        url,
+        source: Source::Env(STATE_ENDPOINT),
+    });
+    c
 }
 
 /// The key of the item `pk`/`sk`.
@@ -43,10 +111,39 @@ pub fn key(pk: &str, sk: &str) -> Item {
 }
 
 impl ControlTable {
+    /// The table `table` at the data's DynamoDB endpoint, or at
+    /// [`STATE_ENDPOINT`] when that is set.
     pub fn new(clients: &Clients, table: &str) -> ControlTable {
+        let clients = at_endpoint(clients, std::env::var(STATE_ENDPOINT).ok());
+        if clients.endpoints.dynamodb.source == Source::Env(STATE_ENDPOINT) {
+            tracing::info!(endpoint = %clients.endpoints.dynamodb, "control table endpoint");
+        }
+        ControlTable::with(clients, table)
+    }
+
+    fn with(clients: Clients, table: &str) -> ControlTable {
         ControlTable {
-            clients: clients.clone(),
+            clients,
             table: table.to_string(),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The requests sent so far, by every clone of this table.
+    pub fn calls(&self) -> ControlCalls {
+        let c = &self.calls;
+        let (get_item, query, put_item, update_item) = (
+            c.get_item.load(Ordering::Relaxed),
+            c.query.load(Ordering::Relaxed),
+            c.put_item.load(Ordering::Relaxed),
+            c.update_item.load(Ordering::Relaxed),
+        );
+        ControlCalls {
+            get_item,
+            query,
+            put_item,
+            update_item,
+            total: get_item + query + put_item + update_item,
         }
     }
 
@@ -83,6 +180,7 @@ impl ControlTable {
 
     /// The item, read consistently, or None.
     pub async fn get(&self, pk: &str, sk: &str) -> Result<Option<Item>, AwsError> {
+        bump(&self.calls.get_item);
         crate::aws::item::get_item(&self.clients, &self.table, &key(pk, sk), true).await
     }
 
@@ -115,6 +213,7 @@ impl ControlTable {
                     .expression_attribute_names("#sk", SK)
                     .expression_attribute_values(":prefix", to_sdk(&Value::S(prefix.into())));
             }
+            bump(&self.calls.query);
             let page = req
                 .consistent_read(true)
                 .set_exclusive_start_key(start)
@@ -151,6 +250,7 @@ impl ControlTable {
         for (k, v) in &e.values {
             req = req.expression_attribute_values(k, to_sdk(v));
         }
+        bump(&self.calls.put_item);
         match req.send().await {
             Ok(_) => Ok(Cond::Written),
             Err(err)
@@ -166,11 +266,49 @@ impl ControlTable {
 
     /// UpdateItem of `pk`/`sk` if `e.condition` holds.
     pub async fn update_if(&self, pk: &str, sk: &str, e: &Expressions) -> Result<Cond, AwsError> {
+        bump(&self.calls.update_item);
         Ok(
             match update_item_if(&self.clients, &self.table, &key(pk, sk), e).await? {
                 Some(_) => Cond::Written,
                 None => Cond::Refused,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::AwsOptions;
+
+    #[tokio::test]
+    async fn the_control_table_goes_to_its_own_endpoint_names_it_and_counts_its_requests() {
+        let data = Clients::connect(&AwsOptions {
+            endpoint_url: Some("http://127.0.0.1:9".into()),
+            region: Some("eu-west-1".into()),
+            static_credentials: Some(("k".into(), "s".into())),
+            max_attempts: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let same = at_endpoint(&data, Some(" ".into()));
+        assert_eq!(same.endpoints.dynamodb, data.endpoints.dynamodb);
+        let t = ControlTable::with(at_endpoint(&data, Some("http://127.0.0.1:7".into())), "ctl");
+        let clone = t.clone();
+        let e = clone.get("MIG#m", "META").await.unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "http://127.0.0.1:7 (from the REKEY_STATE_ENDPOINT_URL environment variable)"
+            ),
+            "{e}"
+        );
+        assert!(clone.query("MIG#m").await.is_err());
+        let calls = t.calls();
+        assert_eq!(
+            (calls.get_item, calls.query, calls.total),
+            (1, 1, 2),
+            "{calls:?}"
+        );
     }
 }

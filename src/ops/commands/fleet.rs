@@ -28,7 +28,8 @@ fn worker_text(r: &WorkerReport) -> String {
     let w = &r.this_worker;
     format!(
         "worker {} on {}: backfill {}. This worker: {} units finished, {} scanned = {} written + {} rejected + {} skipped (rejects in {}). \
-         The fleet: {} scanned = {} written + {} rejected + {} skipped ({} collisions) over {} units.\n",
+         The fleet: {} scanned = {} written + {} rejected + {} skipped ({} collisions) over {} units. \
+         Control table: {} requests from this worker ({} GetItem, {} Query, {} PutItem, {} UpdateItem); {}.\n",
         r.worker,
         r.state,
         if r.backfill_done { "done" } else { "not done" },
@@ -43,7 +44,17 @@ fn worker_text(r: &WorkerReport) -> String {
         t.rejected,
         t.skipped,
         t.collisions,
-        r.segments
+        r.segments,
+        r.control_calls.total,
+        r.control_calls.get_item,
+        r.control_calls.query,
+        r.control_calls.put_item,
+        r.control_calls.update_item,
+        if r.claims {
+            "target keys claimed"
+        } else {
+            "no target-key claims (the plan cannot collide)"
+        }
     )
 }
 

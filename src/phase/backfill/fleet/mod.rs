@@ -6,7 +6,9 @@
 //! claims and writes them page by page exactly as `rekey backfill` does —
 //! the same [`Writer`], the same transform — except that a page's target
 //! keys are claimed in the control table (so collisions between workers are
-//! caught) and its checkpoint and counters are committed there, in one
+//! caught; one conditional write per item, skipped altogether when
+//! [`crate::core::inverse::key_injective`] proves that no two source items
+//! can share a target key) and its checkpoint and counters are committed there, in one
 //! write conditioned on the lease (the fence). A worker that lost a lease
 //! stops writing for its unit at once: it fences itself on its own clock
 //! before every BatchWriteItem and every commit. Once every unit is done, it
@@ -24,7 +26,7 @@ use tokio::task::JoinSet;
 
 use super::*;
 use crate::aws::AwsError;
-use crate::aws::control::{Cond, ControlTable};
+use crate::aws::control::{Cond, ControlCalls, ControlTable};
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::{Counts, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
 
@@ -62,6 +64,11 @@ pub struct WorkerReport {
     pub backfill_done: bool,
     pub rejects_file: String,
     pub elapsed_seconds: f64,
+    /// Whether this worker claimed target keys in the control table (false:
+    /// the plan is proven collision-free, see [`claims_needed`]).
+    pub claims: bool,
+    /// Requests this worker sent to the control table.
+    pub control_calls: ControlCalls,
 }
 
 /// A lease held, as the heartbeat and the fence see it.
@@ -136,6 +143,26 @@ fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
     others + 1
 }
 
+/// Why target keys must be claimed in the control table, or None when the
+/// plan proves that a target key determines its source key, so that no two
+/// source items — read by this worker or another — can collide. The claims
+/// are one conditional write per item: most of the control table's requests.
+pub fn why_claim(plan: &Plan) -> Option<String> {
+    crate::core::inverse::key_injective(plan).err()
+}
+
+/// What the worker says of its claims, once, when it joins.
+fn claims_note(why: Option<&str>) -> String {
+    match why {
+        None => "no target-key claims: each target key determines its source key, so no two \
+                 items can collide (rekey check); the control table gets no write per item"
+            .into(),
+        Some(why) => format!(
+            "target keys claimed in the control table, one conditional write per item: {why}"
+        ),
+    }
+}
+
 fn refuse_unsupported(plan: &Plan, opts: &WorkerOptions) -> anyhow::Result<()> {
     let b = &opts.backfill;
     let what = if plan.mode == Mode::InPlace {
@@ -184,6 +211,8 @@ pub async fn run(
         opts.worker_id,
         opts.fleet.display()
     ));
+    let why = why_claim(plan);
+    progress.note(&claims_note(why.as_deref()));
     let full = control(&opts.backfill, &source, target.as_ref())?;
     let budgets = Budgets {
         read: full.read.rate().await,
@@ -219,6 +248,7 @@ pub async fn run(
         segments,
         page_limit: opts.backfill.page_limit,
         claims_at_once: opts.backfill.concurrency.max(1),
+        claims: why.is_some(),
     });
     let beat_stop = CancellationToken::new();
     let beats = tokio::spawn(heartbeat(
@@ -253,6 +283,8 @@ pub async fn run(
         backfill_done: done,
         rejects_file: opts.backfill.rejects.display().to_string(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
+        claims: why.is_some(),
+        control_calls: shared.fleet.control.calls(),
     };
     if !done {
         return Err(Stopped.into());

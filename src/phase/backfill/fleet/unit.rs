@@ -1,6 +1,7 @@
 //! One unit (Scan segment) under a lease: read from its last committed
 //! checkpoint, page by page; each page transformed, its target keys claimed
-//! in the control table, written under the fence, and committed with its
+//! in the control table (unless the plan is proven collision-free: then
+//! there is nothing to claim), written under the fence, and committed with its
 //! counters in one write conditioned on the lease.
 
 use super::*;
@@ -36,6 +37,8 @@ pub(super) struct UnitDrive {
     pub(super) page_limit: Option<i32>,
     /// Claims in flight at once.
     pub(super) claims_at_once: usize,
+    /// Whether target keys are claimed at all ([`super::why_claim`]).
+    pub(super) claims: bool,
 }
 
 impl UnitDrive {
@@ -176,20 +179,7 @@ impl UnitDrive {
                 Outcome::Skip => c.skipped += 1,
             }
         }
-        // Claimed before the write, as the local claim index is.
-        let keys: Vec<(Vec<u8>, Vec<u8>)> = puts
-            .iter()
-            .map(|(_, _, tk, sk)| (tk.clone(), sk.clone()))
-            .collect();
-        let shared = self.shared.clone();
-        let owners: Vec<Result<Option<Vec<u8>>, FleetError>> = stream::iter(keys)
-            .map(move |(tk, sk)| {
-                let shared = shared.clone();
-                async move { shared.fleet.claim(&tk, &sk).await }
-            })
-            .buffered(self.claims_at_once)
-            .collect()
-            .await;
+        let owners = self.claim(&puts).await;
         let (mut outs, mut srcs) = (Vec::new(), Vec::new());
         for ((out, src, tk, _), owner) in puts.into_iter().zip(owners) {
             match owner? {
@@ -222,5 +212,30 @@ impl UnitDrive {
             }
         }
         Ok((c, rejects))
+    }
+
+    /// Claims each put's target key, before the write as the local claim
+    /// index does: who holds each (None: this item). Nothing is sent when
+    /// the plan cannot collide.
+    async fn claim(
+        &self,
+        puts: &[(Item, &Item, Vec<u8>, Vec<u8>)],
+    ) -> Vec<Result<Option<Vec<u8>>, FleetError>> {
+        if !self.claims {
+            return puts.iter().map(|_| Ok(None)).collect();
+        }
+        let keys: Vec<(Vec<u8>, Vec<u8>)> = puts
+            .iter()
+            .map(|(_, _, tk, sk)| (tk.clone(), sk.clone()))
+            .collect();
+        let shared = self.shared.clone();
+        stream::iter(keys)
+            .map(move |(tk, sk)| {
+                let shared = shared.clone();
+                async move { shared.fleet.claim(&tk, &sk).await }
+            })
+            .buffered(self.claims_at_once)
+            .collect()
+            .await
     }
 }
