@@ -14,6 +14,12 @@ use rekey::core::value::Item;
 use rekey::state::StateDir;
 use rekey::state::fleet::{Fleet, FleetError, FleetRef, Snapshot, committed_lease};
 
+/// Long enough that a renewal lands inside the fence (half of it) on a
+/// loaded 2-core CI machine; at 4 s, renewals queued behind a starved moto
+/// and units changed hands dozens of times. Each kill -9 costs a lease of
+/// waiting before the unit is taken over.
+const LEASE_SECONDS: &str = "8";
+
 use crate::support::plan::orders_by_status;
 use crate::support::workload::*;
 use crate::support::*;
@@ -152,7 +158,7 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
             "--page-size",
             "40",
             "--lease-seconds",
-            "4",
+            LEASE_SECONDS,
             "--max-units",
             "4",
             "--rejects",
@@ -352,7 +358,7 @@ async fn sigterm_releases_the_units_and_another_worker_resumes_each_item_counted
             "--write-rate",
             rate,
             "--lease-seconds",
-            "4",
+            LEASE_SECONDS,
             "--json",
             "--state-dir",
         ]
@@ -491,7 +497,7 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
             "--page-size",
             "40",
             "--lease-seconds",
-            "4",
+            LEASE_SECONDS,
             "--state-dir",
             local.to_str().unwrap(),
             "--json",

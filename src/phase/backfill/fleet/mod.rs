@@ -301,9 +301,16 @@ async fn heartbeat(
     budgets: Budgets,
     stop: CancellationToken,
 ) {
-    let every = shared.duration / BEATS_PER_LEASE;
+    // A fixed beat: the time the renewals take is not added to the wait
+    // before the next ones (under load it was, and holders fenced themselves).
+    let mut beat = tokio::time::interval(shared.duration / BEATS_PER_LEASE);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut live_before = 0;
     loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = beat.tick() => {}
+        }
         renew_all(&shared).await;
         let me = shared.fleet.worker.clone();
         let live = match shared.fleet.read_workers().await {
@@ -332,10 +339,6 @@ async fn heartbeat(
         {
             tracing::warn!(error = %e, "cannot report this worker");
         }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
     }
 }
 
@@ -349,29 +352,38 @@ async fn renew_all(shared: &Shared) {
             .collect(),
         Err(_) => return,
     };
-    for (unit, l, beat) in held {
-        let sent = shared.now();
-        // The grant says, atomically with the renewal, how long this worker may write.
-        let until = wall_ms() + shared.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
-        match shared.fleet.renew(l, beat + 1, until).await {
-            Ok(Cond::Written) => {
-                if let Ok(mut h) = shared.held.lock()
-                    && let Some(x) = h.get_mut(&unit)
-                    && x.lease == l
-                {
-                    x.renewed = sent;
-                    x.beat = beat + 1;
-                }
+    // All at once: one after another, a worker holding many units renewed
+    // its last lease a whole round trip per unit late.
+    futures::future::join_all(
+        held.into_iter()
+            .map(|(unit, l, beat)| renew_one(shared, unit, l, beat)),
+    )
+    .await;
+}
+
+/// One lease's renewal, and what its answer means for the unit.
+async fn renew_one(shared: &Shared, unit: u32, l: Lease, beat: u64) {
+    let sent = shared.now();
+    // The grant says, atomically with the renewal, how long this worker may write.
+    let until = wall_ms() + shared.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
+    match shared.fleet.renew(l, beat + 1, until).await {
+        Ok(Cond::Written) => {
+            if let Ok(mut h) = shared.held.lock()
+                && let Some(x) = h.get_mut(&unit)
+                && x.lease == l
+            {
+                x.renewed = sent;
+                x.beat = beat + 1;
             }
-            Ok(Cond::Refused) => {
-                tracing::warn!(unit, lease = l.lease, "lease lost: the unit stops");
-                if let Some(x) = shared.drop_unit(unit) {
-                    x.stop.cancel();
-                }
+        }
+        Ok(Cond::Refused) => {
+            tracing::warn!(unit, lease = l.lease, "lease lost: the unit stops");
+            if let Some(x) = shared.drop_unit(unit) {
+                x.stop.cancel();
             }
-            Err(e) => {
-                tracing::warn!(unit, error = %e, "renewal failed; the fence closes unless the next one lands")
-            }
+        }
+        Err(e) => {
+            tracing::warn!(unit, error = %e, "renewal failed; the fence closes unless the next one lands")
         }
     }
 }
