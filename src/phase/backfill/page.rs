@@ -83,14 +83,7 @@ pub(super) async fn process_page(
             Some(other) => {
                 c.rejected += 1;
                 c.collisions += 1;
-                rejects.push((
-                    src.clone(),
-                    format!(
-                        "collision: target key {} already belongs to source item {} — never overwritten",
-                        decode_key(tk).join(" / "),
-                        decode_key(&other).join(" / ")
-                    ),
-                ));
+                rejects.push((src.clone(), collision(tk, &other)));
             }
         }
     }
@@ -112,6 +105,16 @@ pub(super) async fn process_page(
         claims.durable(ticket).await?;
     }
     Ok((c, rejects))
+}
+
+/// The reject reason of a source item whose target key `tk` another source
+/// item (`owner`, encoded) claimed first: one wording, on one machine or many.
+pub(super) fn collision(tk: &[u8], owner: &[u8]) -> String {
+    format!(
+        "collision: target key {} already belongs to source item {} — never overwritten",
+        decode_key(tk).join(" / "),
+        decode_key(owner).join(" / ")
+    )
 }
 
 /// In place: one conditional UpdateItem per item that needs one (see

@@ -190,14 +190,7 @@ impl UnitDrive {
                 Some(other) => {
                     c.rejected += 1;
                     c.collisions += 1;
-                    rejects.push((
-                        src.clone(),
-                        format!(
-                            "collision: target key {} already belongs to source item {} — never overwritten",
-                            decode_key(&tk).join(" / "),
-                            decode_key(&other).join(" / ")
-                        ),
-                    ));
+                    rejects.push((src.clone(), collision(&tk, &other)));
                 }
             }
         }
