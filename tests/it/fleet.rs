@@ -93,6 +93,38 @@ fn committed_rejects(files: &[&Path], s: &Snapshot) -> Vec<serde_json::Value> {
     out
 }
 
+/// A control table for migration `id`: the fleet handle the test reads
+/// it through, the `--state` URL the processes are given, the table's name.
+fn control_table(env: &TestEnv, id: &str) -> (Fleet, String, String) {
+    let ctl = env.table_name("ctl");
+    let url = format!("dynamodb://{ctl}/{id}");
+    let at = FleetRef::parse(&url, "unused").unwrap();
+    let fleet = Fleet::new(ControlTable::new(&env.clients, &ctl), at, "test");
+    (fleet, url, ctl)
+}
+
+/// `rekey tail --fleet`, once it has published its first status (it has
+/// captured the stream's position before any worker reads).
+async fn fleet_tail(env: &TestEnv, plan: &str, state: &Path, url: &str) -> Child {
+    let tail = env.spawn(&[
+        "tail",
+        plan,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--fleet",
+        url,
+        "--exit-when-idle",
+        "4",
+        "--json",
+    ]);
+    let tail_status = StateDir::new(state).tail_snapshot();
+    poll_until("the tail's first status", Duration::from_secs(60), || {
+        tail_status.exists()
+    })
+    .await;
+    tail
+}
+
 fn kill_9(child: &mut Child) {
     child.kill().unwrap();
     child.wait().unwrap();
@@ -117,29 +149,10 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
     extra.extend((0..7).map(|i| pk_item(&format!("X#{i}"))));
     env.put(&source, &extra).await;
 
-    let ctl = env.table_name("ctl");
-    let url = format!("dynamodb://{ctl}/m1");
-    let at = FleetRef::parse(&url, "unused").unwrap();
-    let fleet = Fleet::new(ControlTable::new(&env.clients, &ctl), at, "test");
-    let (plan_s, state_s) = (plan_path.to_str().unwrap(), state.to_str().unwrap());
-
+    let (fleet, url, _) = control_table(&env, "m1");
+    let plan_s = plan_path.to_str().unwrap();
     // The tail captures first, from before any worker reads.
-    let tail = env.spawn(&[
-        "tail",
-        plan_s,
-        "--state-dir",
-        state_s,
-        "--fleet",
-        &url,
-        "--exit-when-idle",
-        "4",
-        "--json",
-    ]);
-    let tail_status = StateDir::new(&state).tail_snapshot();
-    poll_until("the tail's first status", Duration::from_secs(60), || {
-        tail_status.exists()
-    })
-    .await;
+    let tail = fleet_tail(&env, plan_s, &state, &url).await;
 
     let dir = env.dir.path().to_path_buf();
     let rejects = |w: &str| dir.join(format!("rejects-{w}.jsonl"));
@@ -459,28 +472,10 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
         state,
     } = Orders::start(seed(1500)).await;
     assert_eq!(rekey::core::inverse::key_injective(&plan), Ok(()));
-    let ctl = env.table_name("ctl");
-    let url = format!("dynamodb://{ctl}/inj");
-    let at = FleetRef::parse(&url, "unused").unwrap();
-    let fleet = Fleet::new(ControlTable::new(&env.clients, &ctl), at, "test");
-    let (plan_s, state_s) = (plan_path.to_str().unwrap(), state.to_str().unwrap());
-
-    let tail = env.spawn(&[
-        "tail",
-        plan_s,
-        "--state-dir",
-        state_s,
-        "--fleet",
-        &url,
-        "--exit-when-idle",
-        "4",
-        "--json",
-    ]);
-    let tail_status = StateDir::new(&state).tail_snapshot();
-    poll_until("the tail's first status", Duration::from_secs(60), || {
-        tail_status.exists()
-    })
-    .await;
+    let (fleet, url, ctl) = control_table(&env, "inj");
+    let plan_s = plan_path.to_str().unwrap();
+    // The tail captures first, from before any worker reads.
+    let tail = fleet_tail(&env, plan_s, &state, &url).await;
 
     let dir = env.dir.path().to_path_buf();
     let start = |w: &str| {
