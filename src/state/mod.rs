@@ -41,6 +41,28 @@ pub enum StateError {
     Store { dir: PathBuf, detail: String },
 }
 
+/// A backfill's counters, committed with each checkpoint: in the sled store
+/// on one machine, in a unit's item of the control table for a fleet.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counters {
+    pub scanned: u64,
+    pub written: u64,
+    pub rejected: u64,
+    pub skipped: u64,
+    /// Rejects that were collisions: another source item holds the target key.
+    pub collisions: u64,
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Counters) {
+        self.scanned += o.scanned;
+        self.written += o.written;
+        self.rejected += o.rejected;
+        self.skipped += o.skipped;
+        self.collisions += o.collisions;
+    }
+}
+
 /// sled's page cache. The store holds checkpoints and counters — a few keys
 /// per segment or export file — so a small cache is plenty.
 const CACHE_BYTES: u64 = 8 * 1024 * 1024;

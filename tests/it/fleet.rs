@@ -290,14 +290,10 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
 
 /// Polls the control table until `ack` holds of what it reads.
 async fn wait_for(fleet: &Fleet, what: &str, ack: impl Fn(&Snapshot) -> bool) {
-    let start = std::time::Instant::now();
-    loop {
-        if ack(&snapshot(fleet).await) {
-            return;
-        }
-        assert!(start.elapsed() < Duration::from_secs(180), "no {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_until_async(what, Duration::from_secs(180), || async {
+        ack(&snapshot(fleet).await)
+    })
+    .await;
 }
 
 /// From the grant history: every lease of every unit was recorded, and no

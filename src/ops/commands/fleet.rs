@@ -11,7 +11,7 @@ use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::phase::backfill::fleet::{self, WorkerOptions, WorkerReport};
 use crate::phase::tail::{self, TailOptions};
-use crate::state::fleet::{Checkpoint, Counts, FleetRef, Snapshot, wall_ms};
+use crate::state::fleet::{Checkpoint, Counters, FleetRef, Snapshot, wall_ms};
 
 /// `rekey worker`.
 pub(super) async fn worker(c: &Common, cmd: Planned<WorkerOptions>) -> anyhow::Result<i32> {
@@ -95,7 +95,7 @@ struct FleetStatus {
     state: String,
     segments: u32,
     backfill_done: bool,
-    totals: Counts,
+    totals: Counters,
     workers: Vec<WorkerLine>,
     units: Vec<UnitLine>,
 }
@@ -119,7 +119,7 @@ struct UnitLine {
     pages: u64,
     started: bool,
     done: bool,
-    counts: Counts,
+    counts: Counters,
 }
 
 fn fleet_status(at: &FleetRef, snap: Snapshot) -> FleetStatus {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::state::StateDir;
-use crate::state::claims::{Claimed, Claims};
+use crate::state::claims::{Claim, Claimed, Claims, Owners};
 use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
@@ -114,26 +114,7 @@ pub struct BackfillOptions {
     pub tail_in_process: bool,
 }
 
-/// Counters committed with each checkpoint.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Counters {
-    pub scanned: u64,
-    pub written: u64,
-    pub rejected: u64,
-    pub skipped: u64,
-    /// Rejects that were collisions: another source item holds the target key.
-    pub collisions: u64,
-}
-
-impl Counters {
-    fn add(&mut self, o: &Counters) {
-        self.scanned += o.scanned;
-        self.written += o.written;
-        self.rejected += o.rejected;
-        self.skipped += o.skipped;
-        self.collisions += o.collisions;
-    }
-}
+pub use crate::state::Counters;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -26,90 +26,131 @@ pub(super) async fn process_page(
         let direction = direction.unwrap_or(Direction::Forward);
         return process_page_in_place(writer, plan, items, direction).await;
     }
-    let mut c = Counters {
-        scanned: items.len() as u64,
-        ..Default::default()
-    };
-    let mut rejects = Vec::new();
-    let mut puts = Vec::new();
-    let mut sources = Vec::new();
-    let mut pairs = Vec::new();
-    let target_names = plan.target_key.names();
-    let source_names = plan.source_key.names();
-    let claims = ledger.lock().await.claims.clone();
-    for item in items {
-        match transform(plan, item) {
-            Outcome::Put { item: out, .. } => {
-                if claims.is_some() {
-                    let tk = encode_key(&out, &target_names).unwrap_or_default();
-                    let sk = encode_key(item, &source_names).unwrap_or_default();
-                    pairs.push((tk, sk));
-                }
-                puts.push(out);
-                sources.push(item);
-            }
-            Outcome::Reject(r) => {
-                c.rejected += 1;
-                rejects.push((item.clone(), r.to_string()));
-            }
-            Outcome::Skip => c.skipped += 1,
-        }
-    }
+    let mut page = transform_page(plan, items);
     // Claims commit in memory now and on disk before this page's checkpoint
     // (claims.rs); the ledger is not held meanwhile, so other pages' claims
     // share the durable commit. A plan that cannot collide claims nothing.
-    let (pairs, owners, ticket) = match &claims {
+    let claims = ledger.lock().await.claims.clone();
+    let ticket = match &claims {
         Some(claims) => {
             let Claimed {
                 pairs,
                 owners,
                 ticket,
-            } = claims.claim_all(pairs).await?;
-            (pairs, owners, Some(ticket))
+            } = claims.claim_all(page.claim_keys(plan)).await?;
+            page.keep_owned(&pairs, owners);
+            Some(ticket)
         }
-        None => (
-            vec![(Vec::new(), Vec::new()); puts.len()],
-            vec![None; puts.len()],
-            None,
-        ),
+        None => None,
     };
-    let mut claimed = (Vec::new(), Vec::new());
-    for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(&pairs).zip(owners) {
-        match owner {
-            None => {
-                claimed.0.push(out);
-                claimed.1.push(src);
-            }
-            Some(other) => {
-                c.rejected += 1;
-                c.collisions += 1;
-                rejects.push((src.clone(), collision(tk, &other)));
-            }
-        }
-    }
-    let (puts, sources) = claimed;
+    let puts = std::mem::take(&mut page.puts);
     let refusals = match put {
         Put::Table(writer) => writer.write(puts).await?,
         Put::Import(sink, stream) => sink.add(ledger, plan, stream, puts).await?,
     };
-    for (refused, src) in refusals.into_iter().zip(sources) {
-        match refused {
-            None => c.written += 1,
-            Some(reason) => {
-                c.rejected += 1;
-                rejects.push((src.clone(), reason));
-            }
-        }
-    }
+    let done = page.written(refusals);
     if let (Some(claims), Some(ticket)) = (&claims, ticket) {
         claims.durable(ticket).await?;
     }
-    Ok((c, rejects))
+    Ok(done)
+}
+
+/// A page after the transform: counters of its rejects and skips, the
+/// rejects, and the target items still to write beside the source items
+/// they came from (a collision or a refusal rejects the source item). The
+/// backfill and the fleet's worker both go through it; they differ only in
+/// where target keys are claimed and how the items are written.
+pub(super) struct Transformed<'i> {
+    c: Counters,
+    rejects: Vec<(Item, String)>,
+    pub(super) puts: Vec<Item>,
+    sources: Vec<&'i Item>,
+}
+
+pub(super) fn transform_page<'i>(plan: &Plan, items: &'i [Item]) -> Transformed<'i> {
+    let mut t = Transformed {
+        c: Counters {
+            scanned: items.len() as u64,
+            ..Default::default()
+        },
+        rejects: Vec::new(),
+        puts: Vec::new(),
+        sources: Vec::new(),
+    };
+    for item in items {
+        match transform(plan, item) {
+            Outcome::Put { item: out, .. } => {
+                t.puts.push(out);
+                t.sources.push(item);
+            }
+            Outcome::Reject(r) => {
+                t.c.rejected += 1;
+                t.rejects.push((item.clone(), r.to_string()));
+            }
+            Outcome::Skip => t.c.skipped += 1,
+        }
+    }
+    t
+}
+
+impl Transformed<'_> {
+    /// `(encoded target key, encoded source key)` of each item to write.
+    pub(super) fn claim_keys(&self, plan: &Plan) -> Vec<Claim> {
+        let (target, source) = (plan.target_key.names(), plan.source_key.names());
+        self.puts
+            .iter()
+            .zip(&self.sources)
+            .map(|(out, src)| {
+                (
+                    encode_key(out, &target).unwrap_or_default(),
+                    encode_key(src, &source).unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Keeps the items whose target key this page owns (`None`); the others
+    /// are collisions, rejected with both keys named.
+    pub(super) fn keep_owned(&mut self, keys: &[Claim], owners: Owners) {
+        let puts = std::mem::take(&mut self.puts);
+        let sources = std::mem::take(&mut self.sources);
+        for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(keys).zip(owners) {
+            match owner {
+                None => {
+                    self.puts.push(out);
+                    self.sources.push(src);
+                }
+                Some(other) => {
+                    self.c.rejected += 1;
+                    self.c.collisions += 1;
+                    self.rejects.push((src.clone(), collision(tk, &other)));
+                }
+            }
+        }
+    }
+
+    /// The page's counters and rejects once its writes answered (per item
+    /// written, `None`, or why DynamoDB refused it).
+    pub(super) fn written(
+        mut self,
+        refusals: Vec<Option<String>>,
+    ) -> (Counters, Vec<(Item, String)>) {
+        for (refused, src) in refusals.into_iter().zip(self.sources) {
+            match refused {
+                None => self.c.written += 1,
+                Some(reason) => {
+                    self.c.rejected += 1;
+                    self.rejects.push((src.clone(), reason));
+                }
+            }
+        }
+        (self.c, self.rejects)
+    }
 }
 
 /// The reject reason of a source item whose target key `tk` another source
 /// item (`owner`, encoded) claimed first: one wording, on one machine or many.
-pub(super) fn collision(tk: &[u8], owner: &[u8]) -> String {
+fn collision(tk: &[u8], owner: &[u8]) -> String {
     format!(
         "collision: target key {} already belongs to source item {} — never overwritten",
         decode_key(tk).join(" / "),

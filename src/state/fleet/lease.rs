@@ -110,7 +110,7 @@ pub fn share(open_units: usize, live_workers: usize, max: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::fleet::{Checkpoint, Counts};
+    use crate::state::fleet::{Checkpoint, Counters};
 
     const D: Duration = Duration::from_secs(10);
 
@@ -122,7 +122,7 @@ mod tests {
             beat,
             checkpoint: Checkpoint::Beginning,
             page: 0,
-            counts: Counts::default(),
+            counts: Counters::default(),
             done: false,
         }
     }

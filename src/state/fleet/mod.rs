@@ -32,6 +32,7 @@ use crate::aws::control::{Cond, ControlTable, PK, SK};
 use crate::aws::item::Expressions;
 use crate::core::plan::Plan;
 use crate::core::value::{Item, Value};
+pub use crate::state::Counters;
 
 /// Where a fleet's state lives: `dynamodb://TABLE[/MIGRATION]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,24 +108,8 @@ pub enum Checkpoint {
     Done,
 }
 
-/// Counters of a unit; they move only with its checkpoint.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub scanned: u64,
-    pub written: u64,
-    pub rejected: u64,
-    pub skipped: u64,
-    pub collisions: u64,
-}
-
-impl Counts {
-    pub fn add(&mut self, o: &Counts) {
-        self.scanned += o.scanned;
-        self.written += o.written;
-        self.rejected += o.rejected;
-        self.skipped += o.skipped;
-        self.collisions += o.collisions;
-    }
+/// A unit's counters move only with its checkpoint, as they are stored.
+impl Counters {
     const NAMES: [&'static str; 5] = ["scanned", "written", "rejected", "skipped", "collisions"];
     fn values(&self) -> [u64; 5] {
         [
@@ -149,7 +134,7 @@ pub struct Unit {
     pub checkpoint: Checkpoint,
     /// Pages committed.
     pub page: u64,
-    pub counts: Counts,
+    pub counts: Counters,
     pub done: bool,
 }
 
@@ -204,8 +189,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn totals(&self) -> Counts {
-        let mut t = Counts::default();
+    pub fn totals(&self) -> Counters {
+        let mut t = Counters::default();
         for u in &self.units {
             t.add(&u.counts);
         }
@@ -335,7 +320,7 @@ impl Fleet {
             it.insert("checkpoint".into(), s("\"beginning\""));
             it.insert("done".into(), Value::Bool(false));
             it.insert("grants".into(), Value::M(Item::new()));
-            for name in Counts::NAMES {
+            for name in Counters::NAMES {
                 it.insert(name.into(), n(0));
             }
             self.control.put_if(&it, &first).await?;
@@ -410,7 +395,7 @@ impl Fleet {
             beat: c("beat"),
             checkpoint,
             page: c("page"),
-            counts: Counts {
+            counts: Counters {
                 scanned: c("scanned"),
                 written: c("written"),
                 rejected: c("rejected"),
@@ -507,7 +492,7 @@ impl Fleet {
         &self,
         l: Lease,
         checkpoint: &Checkpoint,
-        page: &Counts,
+        page: &Counters,
         next_page: u64,
     ) -> Result<Cond, FleetError> {
         let cp = serde_json::to_string(checkpoint).map_err(|e| self.malformed("checkpoint", e))?;
@@ -520,12 +505,12 @@ impl Fleet {
             (":done", Value::Bool(matches!(checkpoint, Checkpoint::Done))),
         ];
         let placeholders = [":c0", ":c1", ":c2", ":c3", ":c4"];
-        for ((name, v), ph) in Counts::NAMES.iter().zip(page.values()).zip(placeholders) {
+        for ((name, v), ph) in Counters::NAMES.iter().zip(page.values()).zip(placeholders) {
             update.push_str(&format!(", #{name} = #{name} + {ph}"));
             values.push((ph, n(v)));
         }
         let mut names = vec!["owner", "lease", "checkpoint", "page", "done"];
-        names.extend(Counts::NAMES);
+        names.extend(Counters::NAMES);
         let e = exprs(&update, "#owner = :me AND #lease = :lease", &names, values);
         Ok(self
             .control

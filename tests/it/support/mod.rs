@@ -330,8 +330,18 @@ pub fn report(o: &Output) -> serde_json::Value {
 /// published (a status file, a phase, a progress sample). Panics naming
 /// `what` after `timeout`, a bound far above what a slow machine needs.
 pub async fn poll_until(what: &str, timeout: std::time::Duration, mut ack: impl FnMut() -> bool) {
+    poll_until_async(what, timeout, || std::future::ready(ack())).await;
+}
+
+/// [`poll_until`] with an acknowledgement that must be read over the
+/// network (a control table, a status endpoint).
+pub async fn poll_until_async<F: std::future::Future<Output = bool>>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut ack: impl FnMut() -> F,
+) {
     let start = std::time::Instant::now();
-    while !ack() {
+    while !ack().await {
         assert!(start.elapsed() < timeout, "no {what} within {timeout:?}");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -28,7 +28,7 @@ use super::*;
 use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlCalls, ControlTable};
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
-use crate::state::fleet::{Counts, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
+use crate::state::fleet::{Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
 
 pub use unit::LeaseLost;
 
@@ -58,9 +58,9 @@ pub struct WorkerReport {
     /// Units this worker finished.
     pub units_finished: Vec<u32>,
     /// What this worker committed.
-    pub this_worker: Counts,
+    pub this_worker: Counters,
     /// The whole migration's committed counters when this worker left.
-    pub totals: Counts,
+    pub totals: Counters,
     pub backfill_done: bool,
     pub rejects_file: String,
     pub elapsed_seconds: f64,
@@ -244,7 +244,7 @@ pub async fn run(
         writer,
         control: control.clone(),
         rejects: Mutex::new(rejects),
-        this: Mutex::new(Counts::default()),
+        this: Mutex::new(Counters::default()),
         segments,
         page_limit: opts.backfill.page_limit,
         claims_at_once: opts.backfill.concurrency.max(1),

@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::state::fleet::Checkpoint;
+use futures::TryStreamExt as _;
 
 /// The lease on a unit is gone (its commit was refused, or the fence
 /// closed): the unit stops at once, and another worker goes on from its
@@ -32,7 +33,7 @@ pub(super) struct UnitDrive {
     /// This worker's own rejects file; each line tagged (unit, lease, page).
     pub(super) rejects: Mutex<RejectsFile>,
     /// What this worker committed.
-    pub(super) this: Mutex<Counts>,
+    pub(super) this: Mutex<Counters>,
     pub(super) segments: u32,
     pub(super) page_limit: Option<i32>,
     /// Claims in flight at once.
@@ -156,79 +157,29 @@ impl UnitDrive {
         &self,
         items: &[Item],
         fence: &(dyn Fn() -> bool + Sync),
-    ) -> anyhow::Result<(Counts, Vec<(Item, String)>)> {
-        let plan = &self.plan;
-        let mut c = Counts {
-            scanned: items.len() as u64,
-            ..Default::default()
-        };
-        let mut rejects = Vec::new();
-        let mut puts = Vec::new();
-        let (target_names, source_names) = (plan.target_key.names(), plan.source_key.names());
-        for item in items {
-            match transform(plan, item) {
-                Outcome::Put { item: out, .. } => {
-                    let tk = encode_key(&out, &target_names).unwrap_or_default();
-                    let sk = encode_key(item, &source_names).unwrap_or_default();
-                    puts.push((out, item, tk, sk));
-                }
-                Outcome::Reject(r) => {
-                    c.rejected += 1;
-                    rejects.push((item.clone(), r.to_string()));
-                }
-                Outcome::Skip => c.skipped += 1,
-            }
+    ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+        let mut page = transform_page(&self.plan, items);
+        if self.claims {
+            let keys = page.claim_keys(&self.plan);
+            let owners = self.claim(&keys).await?;
+            page.keep_owned(&keys, owners);
         }
-        let owners = self.claim(&puts).await;
-        let (mut outs, mut srcs) = (Vec::new(), Vec::new());
-        for ((out, src, tk, _), owner) in puts.into_iter().zip(owners) {
-            match owner? {
-                None => {
-                    outs.push(out);
-                    srcs.push(src);
-                }
-                Some(other) => {
-                    c.rejected += 1;
-                    c.collisions += 1;
-                    rejects.push((src.clone(), collision(&tk, &other)));
-                }
-            }
-        }
-        let refusals = self.writer.write_fenced(outs, fence).await?;
-        for (refused, src) in refusals.into_iter().zip(srcs) {
-            match refused {
-                None => c.written += 1,
-                Some(reason) => {
-                    c.rejected += 1;
-                    rejects.push((src.clone(), reason));
-                }
-            }
-        }
-        Ok((c, rejects))
+        let puts = std::mem::take(&mut page.puts);
+        let refusals = self.writer.write_fenced(puts, fence).await?;
+        Ok(page.written(refusals))
     }
 
-    /// Claims each put's target key, before the write as the local claim
-    /// index does: who holds each (None: this item). Nothing is sent when
-    /// the plan cannot collide.
-    async fn claim(
-        &self,
-        puts: &[(Item, &Item, Vec<u8>, Vec<u8>)],
-    ) -> Vec<Result<Option<Vec<u8>>, FleetError>> {
-        if !self.claims {
-            return puts.iter().map(|_| Ok(None)).collect();
-        }
-        let keys: Vec<(Vec<u8>, Vec<u8>)> = puts
-            .iter()
-            .map(|(_, _, tk, sk)| (tk.clone(), sk.clone()))
-            .collect();
+    /// Claims each target key in the control table, before the write as
+    /// the local claim index does: who holds each (None: this item).
+    async fn claim(&self, keys: &[Claim]) -> Result<Owners, FleetError> {
         let shared = self.shared.clone();
-        stream::iter(keys)
+        stream::iter(keys.to_vec())
             .map(move |(tk, sk)| {
                 let shared = shared.clone();
                 async move { shared.fleet.claim(&tk, &sk).await }
             })
             .buffered(self.claims_at_once)
-            .collect()
+            .try_collect()
             .await
     }
 }
