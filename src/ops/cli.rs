@@ -245,7 +245,7 @@ pub struct CopyArgs {
     /// Write limit for any one target partition-key value, WCU per second (a partition takes 1,000).
     #[arg(long, value_name = "WCU", default_value_t = 300)]
     pub key_write_rate: u32,
-    /// Writes in flight at once.
+    /// Write requests in flight at once, across all segments (BatchWriteItem, or UpdateItem in place).
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
     /// Rejected items, with reasons, as JSON lines (default: <state dir>/rejects.jsonl).

@@ -90,7 +90,7 @@ pub struct BackfillOptions {
     pub write_rate: Rate,
     /// WCU/s for any one target partition-key value.
     pub key_write_rate: u32,
-    /// Writes in flight at once.
+    /// Write requests in flight at once, across all segments and pages.
     pub concurrency: usize,
     /// Consecutive non-throttle failures of one write before the run stops.
     pub max_retries: u32,

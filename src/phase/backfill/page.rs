@@ -183,6 +183,7 @@ pub(super) async fn process_page_in_place(
                     .unwrap_or_default();
                 let _ = writer.per_key.until_key_n_ready(&pk, NonZeroU32::MIN).await;
             }
+            let _slot = writer.slot().await;
             let applied = inplace::apply(
                 &writer.clients,
                 plan,

@@ -7,6 +7,7 @@
 use super::*;
 use crate::aws::rate::keys::KeyRates;
 use crate::aws::write::{Blame, Pace, blame_of, write_batch_paced};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Limited keys held at most (each a few hundred bytes).
 const MAX_LIMITED_KEYS: usize = 10_000;
@@ -28,6 +29,11 @@ pub(super) struct Writer {
     /// Adaptive rates of the keys DynamoDB throttled.
     pub(super) key_rates: KeyRates,
     pub(super) concurrency: usize,
+    /// `concurrency` requests in flight across every segment and page: each
+    /// page used to send its own `concurrency`, so 8 segments held 256
+    /// connections, each keeping a read buffer grown by the Scan pages it
+    /// carried — RSS climbed through a 10M-item run (BENCHMARKS.md (f6)).
+    slots: Semaphore,
     pub(super) max_retries: u32,
     pub(super) consumed_wcu: Mutex<f64>,
 }
@@ -57,6 +63,7 @@ impl Writer {
                 MAX_LIMITED_KEYS,
             ),
             concurrency: opts.concurrency.max(1),
+            slots: Semaphore::new(opts.concurrency.max(1)),
             max_retries: opts.max_retries,
             consumed_wcu: Mutex::new(0.0),
         }
@@ -68,6 +75,16 @@ impl Writer {
     /// (written) or why DynamoDB refused it.
     pub(super) async fn write(&self, items: Vec<Item>) -> anyhow::Result<Vec<Option<String>>> {
         self.write_fenced(items, &|| true).await
+    }
+
+    /// One of the `concurrency` requests in flight: taken after the pacing,
+    /// so a batch waiting for its keys' budget holds no connection.
+    pub(super) async fn slot(&self) -> SemaphorePermit<'_> {
+        // Never closed, so acquiring cannot fail.
+        self.slots
+            .acquire()
+            .await
+            .expect("the writer's slots are never closed")
     }
 
     /// [`Writer::write`], asking `fence` before every BatchWriteItem: once
@@ -128,6 +145,7 @@ impl Writer {
                     rates: &self.key_rates,
                     keys: pks.iter().map(String::as_str).zip(units).collect(),
                 };
+                let _slot = self.slot().await;
                 if !fence() {
                     return Err(Fenced.into());
                 }
