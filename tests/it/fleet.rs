@@ -541,3 +541,102 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     // one commit per unit, and a read to find it.
     assert!(requests >= 2 * 8, "{requests} control-table requests");
 }
+
+/// Re-balancing: a worker alone takes every unit (`--max-units 16`); a second
+/// joins, and the first hands units back at page boundaries until each holds
+/// its share — both do work, the grant history shows the hand-over (a lease
+/// of `a` released, the next one `b`'s), and the target is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_alone_hands_units_back_when_a_second_joins() {
+    const SEGMENTS: u8 = 16;
+    let Orders {
+        env,
+        target,
+        source,
+        plan,
+        plan_path,
+        ..
+    } = Orders::start(seed(2000)).await;
+    let (fleet, url, _) = control_table(&env, "rebal");
+    let plan_s = plan_path.to_str().unwrap();
+    let dir = env.dir.path().to_path_buf();
+    let start = |w: &str| {
+        let local = dir.join(format!("state-{w}"));
+        env.spawn(&[
+            "worker",
+            plan_s,
+            "--state",
+            &url,
+            "--worker-id",
+            w,
+            "--segments",
+            &SEGMENTS.to_string(),
+            "--page-size",
+            "25",
+            "--write-rate",
+            "100",
+            "--max-units",
+            "16",
+            "--lease-seconds",
+            LEASE_SECONDS,
+            "--state-dir",
+            local.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let a = start("a");
+    wait_for(&fleet, "a to hold every unit and commit a page", |s| {
+        s.units.len() == SEGMENTS as usize
+            && s.units.iter().all(|u| u.owner.as_deref() == Some("a"))
+            && has_committed(s, "a")
+    })
+    .await;
+    let b = start("b");
+    let (out_a, out_b) = tokio::join!(wait_output(a), wait_output(b));
+    for (id, out) in [("a", &out_a), ("b", &out_b)] {
+        assert!(out.status.success(), "{id}: {}", stderr(out));
+    }
+    let (ra, rb) = (report(&out_a), report(&out_b));
+    let handed: Vec<u64> = ra["units_handed_back"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(!handed.is_empty(), "a handed units back: {ra}");
+    assert!(
+        rb["this_worker"]["scanned"].as_u64().unwrap() > 0,
+        "b worked: {rb}"
+    );
+    assert!(
+        ra["this_worker"]["scanned"].as_u64().unwrap() > 0,
+        "a worked: {ra}"
+    );
+
+    let s = snapshot(&fleet).await;
+    assert!(s.all_done());
+    // The hand-over in the grants: a lease of `a` released, the next `b`'s,
+    // starting where `a` committed.
+    let mut handovers = 0;
+    for &u in &handed {
+        let mut gs: Vec<_> = s.grants.iter().filter(|g| g.unit == u as u32).collect();
+        gs.sort_by_key(|g| g.lease);
+        handovers += gs
+            .windows(2)
+            .filter(|p| p[0].owner == "a" && p[0].released && p[1].owner == "b")
+            .filter(|p| p[1].granted_ms >= p[0].until_ms)
+            .count();
+    }
+    assert!(handovers >= 1, "{:?}", s.grants);
+    // No ping-pong: each unit changed hands at most twice.
+    for u in &s.units {
+        assert!(u.lease <= 3, "unit {} leased {} times", u.n, u.lease);
+    }
+    let t = s.totals();
+    assert_eq!(t.scanned, 2000, "{t:?}");
+    assert_eq!(t.written, 2000, "{t:?}");
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0)
+    );
+}

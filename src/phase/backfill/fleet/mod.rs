@@ -28,7 +28,9 @@ use super::*;
 use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlCalls, ControlTable};
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
-use crate::state::fleet::{Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
+use crate::state::fleet::{
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, wall_ms,
+};
 
 pub use unit::LeaseLost;
 
@@ -57,6 +59,8 @@ pub struct WorkerReport {
     pub segments: u32,
     /// Units this worker finished.
     pub units_finished: Vec<u32>,
+    /// Units this worker handed back to a worker holding fewer (re-balancing).
+    pub units_handed_back: Vec<u32>,
     /// What this worker committed.
     pub this_worker: Counters,
     /// The whole migration's committed counters when this worker left.
@@ -77,8 +81,12 @@ struct Held {
     beat: u64,
     /// When the last successful renewal (or the take) was sent: own clock.
     renewed: Duration,
-    /// Cancelled when the lease is lost or the worker stops.
+    /// Cancelled when the lease is lost, the worker stops, or the unit is
+    /// handed back.
     stop: CancellationToken,
+    /// Being handed back (re-balancing): released once its page in flight
+    /// has committed.
+    handing_back: bool,
 }
 
 /// What the worker's tasks share.
@@ -87,6 +95,8 @@ pub(super) struct Shared {
     started: Instant,
     duration: Duration,
     held: std::sync::Mutex<HashMap<u32, Held>>,
+    /// Units this worker handed back (re-balancing), in order.
+    handed_back: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
@@ -114,6 +124,16 @@ impl Shared {
             .unwrap_or_default()
     }
 
+    fn handing_back(&self, unit: Option<u32>) -> bool {
+        self.held
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .any(|(n, x)| x.handing_back && unit.is_none_or(|u| u == *n))
+            })
+            .unwrap_or(false)
+    }
+
     fn drop_unit(&self, unit: u32) -> Option<Held> {
         self.held.lock().ok().and_then(|mut h| h.remove(&unit))
     }
@@ -131,16 +151,21 @@ fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
 }
 
 /// Workers whose heartbeat is recent (three lease durations, on this
-/// machine's clock: only the rate shares depend on it).
+/// machine's clock: only the rate shares and the share taken depend on it).
 fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
-    let fresh = (duration.as_millis() as i64) * 3;
-    let now = wall_ms();
-    let others = snap
-        .workers
+    live_others(snap, me, duration * 3).count() + 1
+}
+
+/// The other workers running with a heartbeat younger than `window`.
+fn live_others<'a>(
+    snap: &'a Snapshot,
+    me: &'a str,
+    window: Duration,
+) -> impl Iterator<Item = &'a WorkerInfo> + 'a {
+    let (fresh, now) = (window.as_millis() as i64, wall_ms());
+    snap.workers
         .iter()
-        .filter(|w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
-        .count();
-    others + 1
+        .filter(move |w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
 }
 
 /// Why target keys must be claimed in the control table, or None when the
@@ -224,6 +249,7 @@ pub async fn run(
         started: Instant::now(),
         duration: opts.lease,
         held: std::sync::Mutex::new(HashMap::new()),
+        handed_back: std::sync::Mutex::default(),
     });
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
     if let Some(parent) = opts
@@ -278,6 +304,11 @@ pub async fn run(
         state: opts.fleet.display(),
         segments,
         units_finished: finished.into_iter().collect(),
+        units_handed_back: shared
+            .handed_back
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default(),
         this_worker: *drive.this.lock().await,
         totals: snap.totals(),
         backfill_done: done,
@@ -460,7 +491,66 @@ async fn step(
         return Ok(true);
     }
     take_units(shared, drive, opts, &snap, observer, tasks).await?;
+    rebalance(shared, opts, &snap);
     Ok(false)
+}
+
+/// Hands one unit back when this worker holds more than its share and
+/// another live worker (a heartbeat within a lease) holds fewer
+/// ([`lease::hand_back`]): the unit stops after its page in flight commits,
+/// then its lease is released ([`unit_ended`]) and the other worker takes it
+/// from that checkpoint. The unit handed back is the one with the fewest
+/// pages committed: the most work moves.
+fn rebalance(shared: &Shared, opts: &WorkerOptions, snap: &Snapshot) {
+    if shared.handing_back(None) || opts.backfill.stop.is_cancelled() {
+        return;
+    }
+    let me = shared.fleet.worker.as_str();
+    let held = shared.held_units();
+    let open = |u: &&Unit| !u.done;
+    let holds = |id: &str| {
+        snap.units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.as_deref() == Some(id))
+            .count()
+    };
+    let others: Vec<&WorkerInfo> = live_others(snap, me, shared.duration).collect();
+    let balance = lease::Balance {
+        held: held.len(),
+        open: snap.units.iter().filter(open).count(),
+        live: others.len() + 1,
+        fewest_other: others.iter().map(|w| holds(&w.id)).min(),
+        free: snap
+            .units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.is_none())
+            .count(),
+        max: opts.max_units,
+    };
+    if !lease::hand_back(balance) {
+        return;
+    }
+    let Some(unit) = snap
+        .units
+        .iter()
+        .filter(|u| held.contains(&u.n) && !u.done)
+        .min_by_key(|u| (u.page, std::cmp::Reverse(u.n)))
+    else {
+        return;
+    };
+    if let Ok(mut h) = shared.held.lock()
+        && let Some(x) = h.get_mut(&unit.n)
+    {
+        tracing::info!(
+            unit = unit.n,
+            ?balance,
+            "handing the unit back at its next page boundary"
+        );
+        x.handing_back = true;
+        x.stop.cancel();
+    }
 }
 
 /// The fleet's committed items, and this worker's units.
@@ -568,6 +658,7 @@ async fn take_units(
                     beat: 0,
                     renewed: sent,
                     stop: token.clone(),
+                    handing_back: false,
                 },
             );
         }
@@ -600,6 +691,17 @@ async fn unit_ended(
             shared.drop_unit(unit);
             finished.insert(unit);
             tracing::info!(unit, "unit done");
+            Ok(())
+        }
+        // Handed back (re-balancing): its page in flight committed, released now.
+        Ok(false) if shared.handing_back(Some(unit)) => {
+            if let Some(x) = shared.drop_unit(unit) {
+                let r = shared.fleet.release(x.lease).await;
+                tracing::info!(unit, released = ?r.ok(), "unit handed back");
+                if let Ok(mut v) = shared.handed_back.lock() {
+                    v.push(unit);
+                }
+            }
             Ok(())
         }
         // Stopped: still held, released once every unit has stopped.
