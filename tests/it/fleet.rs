@@ -11,6 +11,7 @@ use std::time::Duration;
 use md5::{Digest, Md5};
 use rekey::aws::control::ControlTable;
 use rekey::core::value::Item;
+use rekey::phase::verify::{TailWait, wait_for_fleet_tail};
 use rekey::state::StateDir;
 use rekey::state::fleet::{Fleet, FleetError, FleetRef, Snapshot, committed_lease};
 
@@ -504,6 +505,22 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
         outs
     };
     let (_, outs) = tokio::join!(app, fleet_run);
+    // The tail publishes its progress in the control table (`TAIL`): the
+    // fleet's verify waits on it there. It reaches past the backfill's end.
+    let done_ms = snapshot(&fleet).await.meta.unwrap().done_ms.unwrap();
+    poll_until_async(
+        "the fleet's TAIL item past the backfill's end",
+        Duration::from_secs(60),
+        || async {
+            let through = chrono::DateTime::from_timestamp_millis(done_ms).unwrap();
+            let quick = Duration::from_millis(10);
+            wait_for_fleet_tail(&fleet, through, quick, Duration::from_secs(30)).await
+                == TailWait::CaughtUp
+        },
+    )
+    .await;
+    let mark = fleet.applied_through().await.unwrap().unwrap();
+    assert!(mark.updated_ms >= done_ms, "{mark:?}");
     let mut requests = 0;
     for (id, out) in &outs {
         assert!(out.status.success(), "{id}: {}", stderr(out));
@@ -514,6 +531,14 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     }
     let out = wait_output(tail).await;
     assert!(out.status.success(), "tail: {}", stderr(&out));
+    let last = fleet.applied_through().await.unwrap().unwrap();
+    assert!(
+        last.stopped,
+        "the tail's last mark says it stopped: {last:?}"
+    );
+    let through = chrono::DateTime::from_timestamp_millis(done_ms).unwrap();
+    let wait = wait_for_fleet_tail(&fleet, through, Duration::ZERO, Duration::from_secs(30));
+    assert_eq!(wait.await, TailWait::NoTail, "a stopped tail is no tail");
 
     assert_eq!(
         target_vs_transform(&env, &plan, &source, &target).await,

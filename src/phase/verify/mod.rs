@@ -74,7 +74,7 @@ use forward::*;
 use ledger::*;
 use orphans::*;
 use recheck::*;
-pub use recheck::{TailWait, wait_for_tail};
+pub use recheck::{TailWait, wait_for_fleet_tail, wait_for_tail};
 use repair::*;
 pub use report::render;
 use report::*;

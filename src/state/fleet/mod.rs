@@ -16,7 +16,12 @@
 //!   writes (owner, when granted, the page it started from, until when its
 //!   holder could write, released) — so that a test can prove no two
 //!   leases overlapped;
-//! - `WORKER#<id>`: heartbeat, units held, rates (for `status`).
+//! - `WORKER#<id>`: heartbeat, units held, rates (for `status`);
+//! - `TAIL`: the fleet's tail — `applied_through_ms` (every source write
+//!   before it is applied to the target; absent while it only buffers) and
+//!   `updated_ms` — published by `rekey tail --fleet`, read by the fleet's
+//!   verify re-check ([`Fleet::applied_through`]) instead of the tail's local
+//!   `status.json`.
 //!
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`.
 
@@ -164,6 +169,18 @@ pub struct WorkerInfo {
     pub read_rate: f64,
     /// running, stopped or done.
     pub state: String,
+}
+
+/// The fleet tail's progress, as its `TAIL` item holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TailMark {
+    /// Every source write before this instant (epoch ms) is applied; None
+    /// while the backfill runs and the tail only buffers.
+    pub applied_through_ms: Option<i64>,
+    /// When the tail last published (epoch ms, the tail's clock).
+    pub updated_ms: i64,
+    /// The tail has stopped (its mark no longer moves).
+    pub stopped: bool,
 }
 
 /// One lease as granted (the unit's append-only history).
@@ -576,6 +593,41 @@ impl Fleet {
         );
         self.control.update_if(&self.pk(), "META", &e).await?;
         Ok(())
+    }
+
+    /// Publishes the fleet tail's progress (`TAIL`), overwriting the last.
+    pub async fn publish_tail(&self, mark: &TailMark) -> Result<(), FleetError> {
+        let mut it = Item::new();
+        it.insert(PK.into(), s(&self.pk()));
+        it.insert(SK.into(), s("TAIL"));
+        if let Some(t) = mark.applied_through_ms {
+            it.insert("applied_through_ms".into(), n(t));
+        }
+        it.insert("updated_ms".into(), n(mark.updated_ms));
+        it.insert("stopped".into(), Value::Bool(mark.stopped));
+        let always = exprs(
+            "",
+            "attribute_not_exists(#pk) OR #sk = :sk",
+            &["pk", "sk"],
+            vec![(":sk", s("TAIL"))],
+        );
+        self.control.put_if(&it, &always).await?;
+        Ok(())
+    }
+
+    /// The fleet's `applied_through`: what the fleet tail last published
+    /// (None: no tail has published yet).
+    pub async fn applied_through(&self) -> Result<Option<TailMark>, FleetError> {
+        let Some(it) = self.control.get(&self.pk(), "TAIL").await? else {
+            return Ok(None);
+        };
+        Ok(Some(TailMark {
+            applied_through_ms: it
+                .contains_key("applied_through_ms")
+                .then(|| inum(&it, "applied_through_ms")),
+            updated_ms: inum(&it, "updated_ms"),
+            stopped: matches!(it.get("stopped"), Some(Value::Bool(true))),
+        }))
     }
 
     /// Claims target key `tk` for source key `src` (both encoded): None if

@@ -17,6 +17,7 @@
 //! The budgets are the table's: each worker takes its share (÷ live
 //! workers), re-read on every heartbeat.
 
+mod tail_mark;
 mod unit;
 
 use std::collections::BTreeSet;
@@ -32,6 +33,7 @@ use crate::state::fleet::{
     Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, wall_ms,
 };
 
+pub use tail_mark::{publish_final, publish_tail};
 pub use unit::LeaseLost;
 
 /// `rekey worker`.
