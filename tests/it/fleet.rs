@@ -665,3 +665,132 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
         (0, 0, 0)
     );
 }
+
+/// Three `rekey verify --state` processes share one verify (forward and
+/// orphan units); one is killed -9 once it has committed a page of a unit it
+/// still holds, and the two others take its units over. Each survivor
+/// reports the fleet's verdict; its counts are the single-machine verify's
+/// on the same tables.
+async fn fleet_verify(s: &crate::verify::Setup, migration: &str) -> Vec<serde_json::Value> {
+    let ctl = s.env.table_name("ctl");
+    let url = format!("dynamodb://{ctl}/{migration}");
+    let at = FleetRef::parse(&url, "unused").unwrap();
+    let fleet = Fleet::verify(ControlTable::new(&s.env.clients, &ctl), at, "test");
+    let dir = s.env.dir.path().to_path_buf();
+    let start = |w: &str| {
+        let local = dir.join(format!("vstate-{migration}-{w}"));
+        s.env.spawn(&[
+            "verify",
+            &s.plan_s,
+            "--state",
+            &url,
+            "--worker-id",
+            w,
+            "--segments",
+            "6",
+            "--page-size",
+            "10",
+            "--read-rate",
+            "20",
+            "--target-read-rate",
+            "20",
+            "--lease-seconds",
+            LEASE_SECONDS,
+            "--state-dir",
+            local.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let mut v1 = start("v1");
+    let (v2, v3) = (start("v2"), start("v3"));
+    wait_for(&fleet, "v1 to commit a page of a unit it holds", |s| {
+        has_committed(s, "v1")
+    })
+    .await;
+    kill_9(&mut v1);
+    let (o2, o3) = tokio::join!(wait_output(v2), wait_output(v3));
+    let snap = snapshot(&fleet).await;
+    assert_eq!(snap.units.len(), 12, "6 forward and 6 orphan units");
+    assert!(snap.all_done());
+    check_grants_ordered(&snap);
+    assert!(
+        snap.grants.iter().any(|g| g.owner == "v1" && !g.released),
+        "v1 died holding a lease"
+    );
+    let verdict = fleet.verify_verdict().await.unwrap().unwrap();
+    assert!(
+        verdict.finished_ms.unwrap() >= verdict.started_ms,
+        "{verdict:?}"
+    );
+    let mut reports = Vec::new();
+    for (id, out) in [("v2", o2), ("v3", o3)] {
+        let r = report(&out);
+        assert_eq!(r["clean"].as_bool(), verdict.clean, "{id}: {r}");
+        assert_eq!(
+            out.status.code(),
+            Some(if r["clean"] == true { 0 } else { 4 }),
+            "{id}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            serde_json::to_value(verdict.counts.unwrap()).unwrap(),
+            r["counts"],
+            "{id}"
+        );
+        reports.push(r);
+    }
+    reports
+}
+
+/// No two leases of a unit overlap (a takeover waits out the lease).
+fn check_grants_ordered(s: &Snapshot) {
+    for u in &s.units {
+        let mut gs: Vec<_> = s.grants.iter().filter(|g| g.unit == u.n).collect();
+        gs.sort_by_key(|g| g.lease);
+        for p in gs.windows(2) {
+            assert!(p[1].granted_ms >= p[0].until_ms, "unit {}: {p:?}", u.n);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_verify_processes_one_killed_agree_with_one_machine_clean_and_corrupted() {
+    let s = crate::verify::setup(400, true).await;
+    let one = |s: &crate::verify::Setup| {
+        let out = s.env.rekey(&s.verify_args(&["--json", "--restart"]));
+        (out.status.code(), report(&out))
+    };
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(0), "{local}");
+    let fleet = fleet_verify(&s, "clean").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        assert_eq!(r["clean"], true);
+    }
+
+    let secrets = crate::verify::corrupt(&s, true).await;
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(4), "{local}");
+    let fleet = fleet_verify(&s, "corrupted").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        let c = &r["counts"];
+        assert_eq!(
+            (&c["different"], &c["missing"], &c["orphans"]),
+            (&1.into(), &1.into(), &1.into()),
+            "{c}"
+        );
+        // The differences, from the units' samples, each once; no key values.
+        let kinds: BTreeSet<&str> = r["examples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["different", "missing", "orphan"].into());
+        assert_eq!(r["examples"].as_array().unwrap().len(), 3, "{r}");
+        for secret in secrets {
+            assert!(!r.to_string().contains(secret), "{r}");
+        }
+    }
+}

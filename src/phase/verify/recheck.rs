@@ -309,6 +309,60 @@ pub(super) async fn recheck_forward(
         .collect())
 }
 
+/// A forward candidate's verdict counted (its `pending` is not taken
+/// off: the caller does): the difference to record, if any.
+pub(super) fn tally_forward(v: Verdict, delta: &mut Counts) -> Option<Mismatch> {
+    match v {
+        Verdict::Resolved => {
+            delta.matched += 1;
+            delta.resolved += 1;
+            None
+        }
+        Verdict::Confirmed(m) => {
+            match m.kind {
+                Kind::Missing => delta.missing += 1,
+                _ => delta.different += 1,
+            }
+            Some(m)
+        }
+        Verdict::Unconfirmed(m, why) => {
+            delta.unconfirmed += 1;
+            Some(unconfirmed(m, why))
+        }
+    }
+}
+
+/// An orphan candidate's verdict counted (its `pending_orphans` is not
+/// taken off: the caller does); undecided after the last round is
+/// unconfirmed. The difference to record, if any.
+pub(super) fn tally_orphan(
+    v: Option<Verdict>,
+    m: Mismatch,
+    delta: &mut Counts,
+) -> Option<Mismatch> {
+    let v = v.unwrap_or_else(|| {
+        Verdict::Unconfirmed(
+            m,
+            "the source item kept changing during the re-check".into(),
+        )
+    });
+    match v {
+        Verdict::Resolved => {
+            delta.target_matched += 1;
+            delta.resolved += 1;
+            None
+        }
+        Verdict::Confirmed(m) => {
+            delta.orphans += 1;
+            Some(m)
+        }
+        Verdict::Unconfirmed(m, why) => {
+            delta.unconfirmed_orphans += 1;
+            Some(unconfirmed(m, why))
+        }
+    }
+}
+
 pub(super) fn unconfirmed(mut m: Mismatch, why: String) -> Mismatch {
     m.suspected = Some(m.kind);
     m.kind = Kind::Unconfirmed;
@@ -353,22 +407,8 @@ pub(super) async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyh
             b.remove(key);
             delta.pending = delta.pending.wrapping_sub(1);
             let id = &key[CAND.len()..];
-            match v {
-                Verdict::Resolved => {
-                    delta.matched += 1;
-                    delta.resolved += 1;
-                }
-                Verdict::Confirmed(m) => {
-                    match m.kind {
-                        Kind::Missing => delta.missing += 1,
-                        _ => delta.different += 1,
-                    }
-                    b.put(&format!("{MM}f{id}"), &m)?;
-                }
-                Verdict::Unconfirmed(m, why) => {
-                    delta.unconfirmed += 1;
-                    b.put(&format!("{MM}f{id}"), &unconfirmed(m, why))?;
-                }
+            if let Some(m) = tally_forward(v, &mut delta) {
+                b.put(&format!("{MM}f{id}"), &m)?;
             }
         }
         ctx.ledger.lock().await.commit(b, &delta)?;

@@ -35,6 +35,7 @@ use crate::state::fleet::{
 
 pub use tail_mark::{publish_final, publish_tail};
 pub use unit::LeaseLost;
+pub(crate) use unit::{UnitScan, scan_unit};
 
 /// `rekey worker`.
 #[derive(Debug, Clone)]
@@ -77,6 +78,34 @@ pub struct WorkerReport {
     pub control_calls: ControlCalls,
 }
 
+/// What runs the units a fleet process leases: the backfill's pages
+/// ([`unit::UnitDrive`]) or the verify's (`phase::verify::fleet`). The
+/// leases, the heartbeat, the fence, the re-balancing and the release are
+/// the same ([`lead`]).
+pub(crate) trait Drive: Send + Sync + 'static {
+    /// Runs `unit` under lease `l` until it is done (true), `stop` is
+    /// cancelled (false: the page in flight committed), or the lease is
+    /// lost ([`LeaseLost`]).
+    fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>>;
+    /// Items this process has committed (its progress line).
+    fn scanned(&self) -> futures::future::BoxFuture<'_, u64>;
+    /// Every unit is done: record it (the backfill's "done", the verify's verdict).
+    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>>;
+}
+
+/// How a fleet process leases units.
+#[derive(Debug, Clone)]
+pub(crate) struct Leasing {
+    /// Units held at once, at most.
+    pub max_units: usize,
+    pub stop: CancellationToken,
+}
+
 /// A lease held, as the heartbeat and the fence see it.
 struct Held {
     lease: Lease,
@@ -92,8 +121,8 @@ struct Held {
 }
 
 /// What the worker's tasks share.
-pub(super) struct Shared {
-    fleet: Fleet,
+pub(crate) struct Shared {
+    pub(crate) fleet: Fleet,
     started: Instant,
     duration: Duration,
     held: std::sync::Mutex<HashMap<u32, Held>>,
@@ -102,12 +131,22 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    pub(crate) fn new(fleet: Fleet, lease: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            fleet,
+            started: Instant::now(),
+            duration: lease,
+            held: std::sync::Mutex::new(HashMap::new()),
+            handed_back: std::sync::Mutex::default(),
+        })
+    }
+
     fn now(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// The fence: may this worker still write for `unit`?
-    pub(super) fn may_write(&self, unit: u32, l: Lease) -> bool {
+    pub(crate) fn may_write(&self, unit: u32, l: Lease) -> bool {
         let now = self.now();
         self.held
             .lock()
@@ -143,9 +182,9 @@ impl Shared {
 
 /// The table's budgets, resolved; each worker takes its share.
 #[derive(Debug, Clone, Copy)]
-struct Budgets {
-    read: Option<f64>,
-    write: Option<f64>,
+pub(crate) struct Budgets {
+    pub read: Option<f64>,
+    pub write: Option<f64>,
 }
 
 fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
@@ -246,13 +285,7 @@ pub async fn run(
         write: full.write.rate().await,
     };
     let control = Arc::new(Control::new(budgets.read, budgets.write));
-    let shared = Arc::new(Shared {
-        fleet,
-        started: Instant::now(),
-        duration: opts.lease,
-        held: std::sync::Mutex::new(HashMap::new()),
-        handed_back: std::sync::Mutex::default(),
-    });
+    let shared = Shared::new(fleet, opts.lease);
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
     if let Some(parent) = opts
         .backfill
@@ -278,27 +311,13 @@ pub async fn run(
         claims_at_once: opts.backfill.concurrency.max(1),
         claims: why.is_some(),
     });
-    let beat_stop = CancellationToken::new();
-    let beats = tokio::spawn(heartbeat(
-        shared.clone(),
-        control.clone(),
-        budgets,
-        beat_stop.clone(),
-    ));
     progress.start("worker", Some(source.item_count));
-    let outcome = schedule(&shared, &drive, opts, progress).await;
-    progress.finish();
-    beat_stop.cancel();
-    let _ = beats.await;
-    // After the last heartbeat, which would say "running" again.
-    let state = match &outcome {
-        Ok((_, true)) => "done",
-        Ok((_, false)) => "stopped",
-        Err(_) => "failed",
+    let leasing = Leasing {
+        max_units: opts.max_units,
+        stop: opts.backfill.stop.clone(),
     };
-    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
-        tracing::warn!(error = %e, "cannot report this worker");
-    }
+    let outcome = lead(&shared, drive.clone(), &leasing, control, budgets, progress).await;
+    progress.finish();
     let (finished, done) = outcome?;
     let snap = shared.fleet.read().await?;
     let report = WorkerReport {
@@ -323,6 +342,41 @@ pub async fn run(
         return Err(Stopped.into());
     }
     Ok(report)
+}
+
+/// Leads this process's share of the fleet's units through `drive`: the
+/// heartbeat (renewals, this process's record, the rate shares on
+/// `control`), the scheduler (take, re-balance, release), and the last
+/// record (done, stopped or failed). The units this process finished, and
+/// whether every unit is done.
+pub(crate) async fn lead(
+    shared: &Arc<Shared>,
+    drive: Arc<dyn Drive>,
+    leasing: &Leasing,
+    control: Arc<Control>,
+    budgets: Budgets,
+    progress: &Progress,
+) -> anyhow::Result<(BTreeSet<u32>, bool)> {
+    let beat_stop = CancellationToken::new();
+    let beats = tokio::spawn(heartbeat(
+        shared.clone(),
+        control,
+        budgets,
+        beat_stop.clone(),
+    ));
+    let outcome = schedule(shared, &drive, leasing, progress).await;
+    beat_stop.cancel();
+    let _ = beats.await;
+    // After the last heartbeat, which would say "running" again.
+    let state = match &outcome {
+        Ok((_, true)) => "done",
+        Ok((_, false)) => "stopped",
+        Err(_) => "failed",
+    };
+    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
+        tracing::warn!(error = %e, "cannot report this worker");
+    }
+    outcome
 }
 
 /// Renews every lease held, then reports this worker and re-reads the
@@ -426,11 +480,11 @@ async fn renew_one(shared: &Shared, unit: u32, l: Lease, beat: u64) {
 /// finished.
 async fn schedule(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
 ) -> anyhow::Result<(BTreeSet<u32>, bool)> {
-    let stop = &opts.backfill.stop;
+    let stop = &opts.stop;
     let mut observer = Observer::default();
     let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
     let mut finished = BTreeSet::new();
@@ -480,8 +534,8 @@ async fn schedule(
 /// so), else the units this worker should take, taken.
 async fn step(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -489,7 +543,7 @@ async fn step(
     let snap = shared.fleet.read().await?;
     report_progress(shared, drive, &snap, progress).await;
     if snap.all_done() {
-        shared.fleet.mark_done().await?;
+        drive.all_done().await?;
         return Ok(true);
     }
     take_units(shared, drive, opts, &snap, observer, tasks).await?;
@@ -503,8 +557,8 @@ async fn step(
 /// then its lease is released ([`unit_ended`]) and the other worker takes it
 /// from that checkpoint. The unit handed back is the one with the fewest
 /// pages committed: the most work moves.
-fn rebalance(shared: &Shared, opts: &WorkerOptions, snap: &Snapshot) {
-    if shared.handing_back(None) || opts.backfill.stop.is_cancelled() {
+fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
+    if shared.handing_back(None) || opts.stop.is_cancelled() {
         return;
     }
     let me = shared.fleet.worker.as_str();
@@ -558,13 +612,13 @@ fn rebalance(shared: &Shared, opts: &WorkerOptions, snap: &Snapshot) {
 /// The fleet's committed items, and this worker's units.
 async fn report_progress(
     shared: &Shared,
-    drive: &unit::UnitDrive,
+    drive: &Arc<dyn Drive>,
     snap: &Snapshot,
     progress: &Progress,
 ) {
     let held = shared.held_units();
     let done = snap.units.iter().filter(|u| u.done).count();
-    let mine = drive.this.lock().await.scanned;
+    let mine = drive.scanned().await;
     progress.status(
         format!(
             "fleet: {done}/{} units done; this worker: units {held:?}, {mine} items",
@@ -598,8 +652,8 @@ fn passing(e: &anyhow::Error) -> bool {
 /// first, then those whose lease expired (judged on this worker's clock).
 async fn take_units(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     snap: &Snapshot,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -633,7 +687,7 @@ async fn take_units(
         .map(|u| (u, None))
         .chain(expired.into_iter().map(|(u, b)| (u, Some(b))));
     for (u, beat) in candidates {
-        if shared.held_units().len() >= want || opts.backfill.stop.is_cancelled() {
+        if shared.held_units().len() >= want || opts.stop.is_cancelled() {
             break;
         }
         let sent = shared.now();
@@ -651,7 +705,7 @@ async fn take_units(
             taken_over = beat.is_some(),
             "unit taken"
         );
-        let token = opts.backfill.stop.child_token();
+        let token = opts.stop.child_token();
         if let Ok(mut h) = shared.held.lock() {
             h.insert(
                 u.n,
