@@ -471,6 +471,10 @@ pub struct CutoverArgs {
     /// Give up on the drain barrier after this long (exit 3).
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub drain_timeout: f64,
+    /// A fleet's migration (dynamodb://TABLE[/MIGRATION]): the backfill, its rejects and the
+    /// verify are read from the control table; the tail (`rekey tail --fleet`) is this machine's.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

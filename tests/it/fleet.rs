@@ -794,3 +794,134 @@ async fn three_verify_processes_one_killed_agree_with_one_machine_clean_and_corr
         }
     }
 }
+
+/// `rekey cutover --state`: on the machine of `rekey tail --fleet`, the
+/// gates read the fleet's backfill and verify from the control table (a
+/// worker's backfill; no verify yet: refused, exit 3), then cut over once a
+/// fleet verify started after the backfill was done is clean; the drain
+/// barrier goes through the local tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_cutover_gates_on_the_fleets_backfill_and_verify() {
+    let Orders {
+        env,
+        source,
+        target,
+        state,
+        ..
+    } = Orders::start(seed(300)).await;
+    let (plan_path, plan) = orders_by_status(&source, &target)
+        .source_key_prefix("src_")
+        .write(&env);
+    let plan_s = plan_path.to_str().unwrap();
+    let (fleet, url, _) = control_table(&env, "cut");
+    let state_s = state.to_str().unwrap();
+    let mut tail = env.spawn(&["tail", plan_s, "--state-dir", state_s, "--fleet", &url]);
+    let tail_status = StateDir::new(&state).tail_snapshot();
+    poll_until("the tail's first status", Duration::from_secs(60), || {
+        tail_status.exists()
+    })
+    .await;
+    let dir = env.dir.path().to_path_buf();
+    let w = dir.join("w1");
+    let out = env.rekey(&[
+        "worker",
+        plan_s,
+        "--state",
+        &url,
+        "--worker-id",
+        "w1",
+        "--segments",
+        "4",
+        "--lease-seconds",
+        LEASE_SECONDS,
+        "--state-dir",
+        w.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cutover = || {
+        env.rekey(&[
+            "cutover",
+            plan_s,
+            "--state-dir",
+            state_s,
+            "--state",
+            &url,
+            "--wait",
+            "20",
+            "--json",
+        ])
+    };
+    // No fleet verify yet: the verify gate holds it (the backfill's is met).
+    let out = env.rekey(&[
+        "cutover",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--state",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gate = |r: &serde_json::Value, name: &str| {
+        r["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let b = gate(&r, "backfill complete");
+    assert_eq!(b["ok"], true, "{r}");
+    assert!(
+        b["detail"].as_str().unwrap().contains("every unit done"),
+        "{r}"
+    );
+    assert_eq!(gate(&r, "clean verify")["ok"], false, "{r}");
+
+    let v = dir.join("v1");
+    let out = env.rekey(&[
+        "verify",
+        plan_s,
+        "--state",
+        &url,
+        "--worker-id",
+        "v1",
+        "--lease-seconds",
+        LEASE_SECONDS,
+        "--state-dir",
+        v.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done_ms = snapshot(&fleet).await.meta.unwrap().done_ms.unwrap();
+    let verdict = Fleet::verify(fleet.control.clone(), fleet.at.clone(), "test")
+        .verify_verdict()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        verdict.started_ms >= done_ms && verdict.clean == Some(true),
+        "{verdict:?}"
+    );
+
+    let out = cutover();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["cut_over"], true, "{r}");
+    assert!(
+        r["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["ok"] == true),
+        "{r}"
+    );
+    kill_9(&mut tail);
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0)
+    );
+}

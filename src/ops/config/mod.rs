@@ -279,10 +279,7 @@ fn command_and_output(
         C::Run(a) => (run(&a)?, output(a.json, true)),
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
         C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
-        C::Rollback(a) => (
-            Command::Rollback(switch_options(&a)?),
-            output(a.json, false),
-        ),
+        C::Rollback(a) => (rollback(&a)?, output(a.json, false)),
         C::Finish(a) => (finish(&a)?, no_progress(a.json)),
         C::Query(a) => (query::query(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
@@ -581,7 +578,23 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
 }
 
 fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
-    Ok(Command::Cutover(switch_options(a)?))
+    let mut planned = switch_options(a)?;
+    if let Some(url) = &a.fleet {
+        planned.options.fleet = Some(fleet_ref(url, &planned.plan)?);
+    }
+    Ok(Command::Cutover(planned))
+}
+
+/// A rollback reads this machine's reverse tail and its evidence only.
+fn rollback(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
+    if a.fleet.is_some() {
+        return Err(InputError(
+            "rekey rollback --state: a rollback reads this machine's reverse tail and verify; drop --state"
+                .into(),
+        )
+        .into());
+    }
+    Ok(Command::Rollback(switch_options(a)?))
 }
 
 /// `cutover` and `rollback` take the same options.
@@ -599,6 +612,7 @@ fn switch_options(a: &cli::CutoverArgs) -> anyhow::Result<Planned<CutoverOptions
         accept_rejects: a.accept_rejects,
         wait: seconds("--wait", a.wait)?,
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+        fleet: None,
     };
     Ok(Planned { plan, options })
 }
