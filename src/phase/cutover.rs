@@ -125,9 +125,8 @@ impl Evidence {
         at: &FleetRef,
     ) -> anyhow::Result<Evidence> {
         let mut e = Evidence::read(state_dir)?;
-        let control = || ControlTable::new(clients, &at.table);
-        let backfill = Fleet::new(control(), at.clone(), "cutover").read().await?;
-        let verdict = Fleet::verify(control(), at.clone(), "cutover")
+        let backfill = Fleet::open(clients, at, "cutover").read().await?;
+        let verdict = Fleet::verify(ControlTable::new(clients, &at.table), at.clone(), "cutover")
             .verify_verdict()
             .await?;
         let done_ms = backfill.meta.as_ref().and_then(|m| m.done_ms);

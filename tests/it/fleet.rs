@@ -126,6 +126,40 @@ async fn fleet_tail(env: &TestEnv, plan: &str, state: &Path, url: &str) -> Child
     tail
 }
 
+/// `rekey worker PLAN --state URL --worker-id W` with the tests' lease, its
+/// own state directory (`state-W`) and `--json`, then `extra`.
+fn spawn_worker(env: &TestEnv, plan: &str, url: &str, w: &str, extra: &[&str]) -> Child {
+    spawn_process(env, "worker", plan, url, w, extra)
+}
+
+/// One process of a fleet: `rekey CMD PLAN --state URL --worker-id W`, as
+/// [`spawn_worker`].
+fn spawn_process(
+    env: &TestEnv,
+    cmd: &str,
+    plan: &str,
+    url: &str,
+    w: &str,
+    extra: &[&str],
+) -> Child {
+    let local = env.dir.path().join(format!("state-{cmd}-{w}"));
+    let mut args = vec![
+        cmd,
+        plan,
+        "--state",
+        url,
+        "--worker-id",
+        w,
+        "--lease-seconds",
+        LEASE_SECONDS,
+        "--state-dir",
+        local.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    env.spawn(&args)
+}
+
 fn kill_9(child: &mut Child) {
     child.kill().unwrap();
     child.wait().unwrap();
@@ -157,30 +191,24 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
 
     let dir = env.dir.path().to_path_buf();
     let rejects = |w: &str| dir.join(format!("rejects-{w}.jsonl"));
+    let segments = SEGMENTS.to_string();
     let start = |w: &str| {
         let r = rejects(w);
-        let local = dir.join(format!("state-{w}"));
-        env.spawn(&[
-            "worker",
-            plan_s,
-            "--state",
-            &url,
-            "--worker-id",
-            w,
+        let extra = [
             "--segments",
-            &SEGMENTS.to_string(),
+            &segments,
             "--page-size",
             "40",
-            "--lease-seconds",
-            LEASE_SECONDS,
             "--max-units",
             "4",
-            "--rejects",
-            r.to_str().unwrap(),
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+        ];
+        spawn_worker(
+            &env,
+            plan_s,
+            &url,
+            w,
+            &[&extra[..], &["--rejects", r.to_str().unwrap()]].concat(),
+        )
     };
     let app = writer(&env, source.clone(), 2000, 1500, Rng::from_time().next());
     let fleet_run = async {
@@ -474,26 +502,14 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     // The tail captures first, from before any worker reads.
     let tail = fleet_tail(&env, plan_s, &state, &url).await;
 
-    let dir = env.dir.path().to_path_buf();
     let start = |w: &str| {
-        let local = dir.join(format!("state-{w}"));
-        env.spawn(&[
-            "worker",
+        spawn_worker(
+            &env,
             plan_s,
-            "--state",
             &url,
-            "--worker-id",
             w,
-            "--segments",
-            "8",
-            "--page-size",
-            "40",
-            "--lease-seconds",
-            LEASE_SECONDS,
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+            &["--segments", "8", "--page-size", "40"],
+        )
     };
     let app = writer(&env, source.clone(), 1500, 800, Rng::from_time().next());
     let fleet_run = async {
@@ -584,30 +600,23 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
     } = Orders::start(seed(2000)).await;
     let (fleet, url, _) = control_table(&env, "rebal");
     let plan_s = plan_path.to_str().unwrap();
-    let dir = env.dir.path().to_path_buf();
+    let segments = SEGMENTS.to_string();
     let start = |w: &str| {
-        let local = dir.join(format!("state-{w}"));
-        env.spawn(&[
-            "worker",
-            plan_s,
-            "--state",
-            &url,
-            "--worker-id",
-            w,
+        let extra = [
             "--segments",
-            &SEGMENTS.to_string(),
+            &segments,
             "--page-size",
             "25",
             "--write-rate",
             "100",
-            "--max-units",
-            "16",
-            "--lease-seconds",
-            LEASE_SECONDS,
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+        ];
+        spawn_worker(
+            &env,
+            plan_s,
+            &url,
+            w,
+            &[&extra[..], &["--max-units", "16"]].concat(),
+        )
     };
     let a = start("a");
     wait_for(&fleet, "a to hold every unit and commit a page", |s| {
@@ -676,30 +685,10 @@ async fn fleet_verify(s: &crate::verify::Setup, migration: &str) -> Vec<serde_js
     let url = format!("dynamodb://{ctl}/{migration}");
     let at = FleetRef::parse(&url, "unused").unwrap();
     let fleet = Fleet::verify(ControlTable::new(&s.env.clients, &ctl), at, "test");
-    let dir = s.env.dir.path().to_path_buf();
     let start = |w: &str| {
-        let local = dir.join(format!("vstate-{migration}-{w}"));
-        s.env.spawn(&[
-            "verify",
-            &s.plan_s,
-            "--state",
-            &url,
-            "--worker-id",
-            w,
-            "--segments",
-            "6",
-            "--page-size",
-            "10",
-            "--read-rate",
-            "20",
-            "--target-read-rate",
-            "20",
-            "--lease-seconds",
-            LEASE_SECONDS,
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+        let extra = ["--segments", "6", "--page-size", "10", "--read-rate", "20"];
+        let extra = [&extra[..], &["--target-read-rate", "20"]].concat();
+        spawn_process(&s.env, "verify", &s.plan_s, &url, w, &extra)
     };
     let mut v1 = start("v1");
     let (v2, v3) = (start("v2"), start("v3"));
@@ -821,23 +810,7 @@ async fn a_fleet_cutover_gates_on_the_fleets_backfill_and_verify() {
         tail_status.exists()
     })
     .await;
-    let dir = env.dir.path().to_path_buf();
-    let w = dir.join("w1");
-    let out = env.rekey(&[
-        "worker",
-        plan_s,
-        "--state",
-        &url,
-        "--worker-id",
-        "w1",
-        "--segments",
-        "4",
-        "--lease-seconds",
-        LEASE_SECONDS,
-        "--state-dir",
-        w.to_str().unwrap(),
-        "--json",
-    ]);
+    let out = wait_output(spawn_worker(&env, plan_s, &url, "w1", &["--segments", "4"])).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let cutover = || {
         env.rekey(&[
@@ -881,20 +854,7 @@ async fn a_fleet_cutover_gates_on_the_fleets_backfill_and_verify() {
     );
     assert_eq!(gate(&r, "clean verify")["ok"], false, "{r}");
 
-    let v = dir.join("v1");
-    let out = env.rekey(&[
-        "verify",
-        plan_s,
-        "--state",
-        &url,
-        "--worker-id",
-        "v1",
-        "--lease-seconds",
-        LEASE_SECONDS,
-        "--state-dir",
-        v.to_str().unwrap(),
-        "--json",
-    ]);
+    let out = wait_output(spawn_process(&env, "verify", plan_s, &url, "v1", &[])).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let done_ms = snapshot(&fleet).await.meta.unwrap().done_ms.unwrap();
     let verdict = Fleet::verify(fleet.control.clone(), fleet.at.clone(), "test")
@@ -907,18 +867,7 @@ async fn a_fleet_cutover_gates_on_the_fleets_backfill_and_verify() {
         "{verdict:?}"
     );
 
-    let out = cutover();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(r["cut_over"], true, "{r}");
-    assert!(
-        r["gates"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|g| g["ok"] == true),
-        "{r}"
-    );
+    cut_over(&cutover());
     kill_9(&mut tail);
     assert_eq!(
         target_vs_transform(&env, &plan, &source, &target).await,

@@ -290,6 +290,12 @@ impl Fleet {
         }
     }
 
+    /// The migration `at`, in its control table (at [`crate::aws::control::STATE_ENDPOINT`]
+    /// when that is set), as process `who` sees it.
+    pub fn open(clients: &crate::aws::Clients, at: &FleetRef, who: &str) -> Fleet {
+        Fleet::new(ControlTable::new(clients, &at.table), at.clone(), who)
+    }
+
     /// The same migration, leasing the verify's units (`VUNIT#<n>`): forward
     /// units `0..segments` (the source's Scan segments), then orphan units
     /// `segments..2 × segments` (the target's).

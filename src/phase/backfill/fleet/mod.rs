@@ -801,11 +801,7 @@ pub async fn mirror_done(
     state_dir: &StateDir,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "tail",
-    );
+    let f = Fleet::open(clients, fleet, "tail");
     loop {
         match f.meta().await {
             Ok(Some(m)) if m.done_ms.is_some() => {
@@ -826,11 +822,7 @@ pub async fn mirror_done(
 
 /// `rekey status --state dynamodb://…`: what the control table holds.
 pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result<Snapshot> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "status",
-    );
+    let f = Fleet::open(clients, fleet, "status");
     Ok(f.read().await?)
 }
 

@@ -26,11 +26,7 @@ pub async fn publish_tail(
     state_dir: &StateDir,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "tail",
-    );
+    let f = Fleet::open(clients, fleet, "tail");
     let mut last = None;
     loop {
         publish_changed(&f, state_dir, &mut last).await?;
@@ -67,10 +63,6 @@ pub async fn publish_final(
     fleet: &FleetRef,
     state_dir: &StateDir,
 ) -> anyhow::Result<()> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "tail",
-    );
+    let f = Fleet::open(clients, fleet, "tail");
     publish_changed(&f, state_dir, &mut None).await
 }
