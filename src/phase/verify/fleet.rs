@@ -289,9 +289,13 @@ pub async fn run_fleet(
     let t = tables(clients, plan, v).await?;
     let control = ControlTable::new(clients, &opts.fleet.table);
     let fleet = Fleet::verify(control, opts.fleet.clone(), &opts.worker_id);
-    let segments = fleet
-        .join(plan, v.segments.unwrap_or(DEFAULT_SEGMENTS))
-        .await?;
+    let asked = v.segments.unwrap_or(DEFAULT_SEGMENTS);
+    let segments = fleet.join(plan, asked).await?;
+    if v.segments.is_some_and(|n| n != segments) {
+        progress.note(&format!(
+            "--segments {asked} ignored: the migration was created with {segments}"
+        ));
+    }
     fleet.create_units(2 * segments).await?;
     let started_ms = fleet.start_verify().await?;
     progress.note(&format!(
