@@ -17,6 +17,7 @@
 //! The budgets are the table's: each worker takes its share (÷ live
 //! workers), re-read on every heartbeat.
 
+mod tail_mark;
 mod unit;
 
 use std::collections::BTreeSet;
@@ -28,9 +29,13 @@ use super::*;
 use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlCalls, ControlTable};
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
-use crate::state::fleet::{Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
+use crate::state::fleet::{
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, wall_ms,
+};
 
+pub use tail_mark::{publish_final, publish_tail};
 pub use unit::LeaseLost;
+pub(crate) use unit::{UnitScan, scan_unit};
 
 /// `rekey worker`.
 #[derive(Debug, Clone)]
@@ -57,6 +62,8 @@ pub struct WorkerReport {
     pub segments: u32,
     /// Units this worker finished.
     pub units_finished: Vec<u32>,
+    /// Units this worker handed back to a worker holding fewer (re-balancing).
+    pub units_handed_back: Vec<u32>,
     /// What this worker committed.
     pub this_worker: Counters,
     /// The whole migration's committed counters when this worker left.
@@ -71,31 +78,75 @@ pub struct WorkerReport {
     pub control_calls: ControlCalls,
 }
 
+/// What runs the units a fleet process leases: the backfill's pages
+/// ([`unit::UnitDrive`]) or the verify's (`phase::verify::fleet`). The
+/// leases, the heartbeat, the fence, the re-balancing and the release are
+/// the same ([`lead`]).
+pub(crate) trait Drive: Send + Sync + 'static {
+    /// Runs `unit` under lease `l` until it is done (true), `stop` is
+    /// cancelled (false: the page in flight committed), or the lease is
+    /// lost ([`LeaseLost`]).
+    fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>>;
+    /// Items this process has committed (its progress line).
+    fn scanned(&self) -> futures::future::BoxFuture<'_, u64>;
+    /// Every unit is done: record it (the backfill's "done", the verify's verdict).
+    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>>;
+}
+
+/// How a fleet process leases units.
+#[derive(Debug, Clone)]
+pub(crate) struct Leasing {
+    /// Units held at once, at most.
+    pub max_units: usize,
+    pub stop: CancellationToken,
+}
+
 /// A lease held, as the heartbeat and the fence see it.
 struct Held {
     lease: Lease,
     beat: u64,
     /// When the last successful renewal (or the take) was sent: own clock.
     renewed: Duration,
-    /// Cancelled when the lease is lost or the worker stops.
+    /// Cancelled when the lease is lost, the worker stops, or the unit is
+    /// handed back.
     stop: CancellationToken,
+    /// Being handed back (re-balancing): released once its page in flight
+    /// has committed.
+    handing_back: bool,
 }
 
 /// What the worker's tasks share.
-pub(super) struct Shared {
-    fleet: Fleet,
+pub(crate) struct Shared {
+    pub(crate) fleet: Fleet,
     started: Instant,
     duration: Duration,
     held: std::sync::Mutex<HashMap<u32, Held>>,
+    /// Units this worker handed back (re-balancing), in order.
+    handed_back: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
+    pub(crate) fn new(fleet: Fleet, lease: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            fleet,
+            started: Instant::now(),
+            duration: lease,
+            held: std::sync::Mutex::new(HashMap::new()),
+            handed_back: std::sync::Mutex::default(),
+        })
+    }
+
     fn now(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// The fence: may this worker still write for `unit`?
-    pub(super) fn may_write(&self, unit: u32, l: Lease) -> bool {
+    pub(crate) fn may_write(&self, unit: u32, l: Lease) -> bool {
         let now = self.now();
         self.held
             .lock()
@@ -114,6 +165,16 @@ impl Shared {
             .unwrap_or_default()
     }
 
+    fn handing_back(&self, unit: Option<u32>) -> bool {
+        self.held
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .any(|(n, x)| x.handing_back && unit.is_none_or(|u| u == *n))
+            })
+            .unwrap_or(false)
+    }
+
     fn drop_unit(&self, unit: u32) -> Option<Held> {
         self.held.lock().ok().and_then(|mut h| h.remove(&unit))
     }
@@ -121,9 +182,9 @@ impl Shared {
 
 /// The table's budgets, resolved; each worker takes its share.
 #[derive(Debug, Clone, Copy)]
-struct Budgets {
-    read: Option<f64>,
-    write: Option<f64>,
+pub(crate) struct Budgets {
+    pub read: Option<f64>,
+    pub write: Option<f64>,
 }
 
 fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
@@ -131,16 +192,21 @@ fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
 }
 
 /// Workers whose heartbeat is recent (three lease durations, on this
-/// machine's clock: only the rate shares depend on it).
+/// machine's clock: only the rate shares and the share taken depend on it).
 fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
-    let fresh = (duration.as_millis() as i64) * 3;
-    let now = wall_ms();
-    let others = snap
-        .workers
+    live_others(snap, me, duration * 3).count() + 1
+}
+
+/// The other workers running with a heartbeat younger than `window`.
+fn live_others<'a>(
+    snap: &'a Snapshot,
+    me: &'a str,
+    window: Duration,
+) -> impl Iterator<Item = &'a WorkerInfo> + 'a {
+    let (fresh, now) = (window.as_millis() as i64, wall_ms());
+    snap.workers
         .iter()
-        .filter(|w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
-        .count();
-    others + 1
+        .filter(move |w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
 }
 
 /// Why target keys must be claimed in the control table, or None when the
@@ -219,12 +285,7 @@ pub async fn run(
         write: full.write.rate().await,
     };
     let control = Arc::new(Control::new(budgets.read, budgets.write));
-    let shared = Arc::new(Shared {
-        fleet,
-        started: Instant::now(),
-        duration: opts.lease,
-        held: std::sync::Mutex::new(HashMap::new()),
-    });
+    let shared = Shared::new(fleet, opts.lease);
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
     if let Some(parent) = opts
         .backfill
@@ -250,27 +311,13 @@ pub async fn run(
         claims_at_once: opts.backfill.concurrency.max(1),
         claims: why.is_some(),
     });
-    let beat_stop = CancellationToken::new();
-    let beats = tokio::spawn(heartbeat(
-        shared.clone(),
-        control.clone(),
-        budgets,
-        beat_stop.clone(),
-    ));
     progress.start("worker", Some(source.item_count));
-    let outcome = schedule(&shared, &drive, opts, progress).await;
-    progress.finish();
-    beat_stop.cancel();
-    let _ = beats.await;
-    // After the last heartbeat, which would say "running" again.
-    let state = match &outcome {
-        Ok((_, true)) => "done",
-        Ok((_, false)) => "stopped",
-        Err(_) => "failed",
+    let leasing = Leasing {
+        max_units: opts.max_units,
+        stop: opts.backfill.stop.clone(),
     };
-    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
-        tracing::warn!(error = %e, "cannot report this worker");
-    }
+    let outcome = lead(&shared, drive.clone(), &leasing, control, budgets, progress).await;
+    progress.finish();
     let (finished, done) = outcome?;
     let snap = shared.fleet.read().await?;
     let report = WorkerReport {
@@ -278,6 +325,11 @@ pub async fn run(
         state: opts.fleet.display(),
         segments,
         units_finished: finished.into_iter().collect(),
+        units_handed_back: shared
+            .handed_back
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default(),
         this_worker: *drive.this.lock().await,
         totals: snap.totals(),
         backfill_done: done,
@@ -290,6 +342,41 @@ pub async fn run(
         return Err(Stopped.into());
     }
     Ok(report)
+}
+
+/// Leads this process's share of the fleet's units through `drive`: the
+/// heartbeat (renewals, this process's record, the rate shares on
+/// `control`), the scheduler (take, re-balance, release), and the last
+/// record (done, stopped or failed). The units this process finished, and
+/// whether every unit is done.
+pub(crate) async fn lead(
+    shared: &Arc<Shared>,
+    drive: Arc<dyn Drive>,
+    leasing: &Leasing,
+    control: Arc<Control>,
+    budgets: Budgets,
+    progress: &Progress,
+) -> anyhow::Result<(BTreeSet<u32>, bool)> {
+    let beat_stop = CancellationToken::new();
+    let beats = tokio::spawn(heartbeat(
+        shared.clone(),
+        control,
+        budgets,
+        beat_stop.clone(),
+    ));
+    let outcome = schedule(shared, &drive, leasing, progress).await;
+    beat_stop.cancel();
+    let _ = beats.await;
+    // After the last heartbeat, which would say "running" again.
+    let state = match &outcome {
+        Ok((_, true)) => "done",
+        Ok((_, false)) => "stopped",
+        Err(_) => "failed",
+    };
+    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
+        tracing::warn!(error = %e, "cannot report this worker");
+    }
+    outcome
 }
 
 /// Renews every lease held, then reports this worker and re-reads the
@@ -393,11 +480,11 @@ async fn renew_one(shared: &Shared, unit: u32, l: Lease, beat: u64) {
 /// finished.
 async fn schedule(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
 ) -> anyhow::Result<(BTreeSet<u32>, bool)> {
-    let stop = &opts.backfill.stop;
+    let stop = &opts.stop;
     let mut observer = Observer::default();
     let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
     let mut finished = BTreeSet::new();
@@ -447,8 +534,8 @@ async fn schedule(
 /// so), else the units this worker should take, taken.
 async fn step(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -456,23 +543,82 @@ async fn step(
     let snap = shared.fleet.read().await?;
     report_progress(shared, drive, &snap, progress).await;
     if snap.all_done() {
-        shared.fleet.mark_done().await?;
+        drive.all_done().await?;
         return Ok(true);
     }
     take_units(shared, drive, opts, &snap, observer, tasks).await?;
+    rebalance(shared, opts, &snap);
     Ok(false)
+}
+
+/// Hands one unit back when this worker holds more than its share and
+/// another live worker (a heartbeat within a lease) holds fewer
+/// ([`lease::hand_back`]): the unit stops after its page in flight commits,
+/// then its lease is released ([`unit_ended`]) and the other worker takes it
+/// from that checkpoint. The unit handed back is the one with the fewest
+/// pages committed: the most work moves.
+fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
+    if shared.handing_back(None) || opts.stop.is_cancelled() {
+        return;
+    }
+    let me = shared.fleet.worker.as_str();
+    let held = shared.held_units();
+    let open = |u: &&Unit| !u.done;
+    let holds = |id: &str| {
+        snap.units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.as_deref() == Some(id))
+            .count()
+    };
+    let others: Vec<&WorkerInfo> = live_others(snap, me, shared.duration).collect();
+    let balance = lease::Balance {
+        held: held.len(),
+        open: snap.units.iter().filter(open).count(),
+        live: others.len() + 1,
+        fewest_other: others.iter().map(|w| holds(&w.id)).min(),
+        free: snap
+            .units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.is_none())
+            .count(),
+        max: opts.max_units,
+    };
+    if !lease::hand_back(balance) {
+        return;
+    }
+    let Some(unit) = snap
+        .units
+        .iter()
+        .filter(|u| held.contains(&u.n) && !u.done)
+        .min_by_key(|u| (u.page, std::cmp::Reverse(u.n)))
+    else {
+        return;
+    };
+    if let Ok(mut h) = shared.held.lock()
+        && let Some(x) = h.get_mut(&unit.n)
+    {
+        tracing::info!(
+            unit = unit.n,
+            ?balance,
+            "handing the unit back at its next page boundary"
+        );
+        x.handing_back = true;
+        x.stop.cancel();
+    }
 }
 
 /// The fleet's committed items, and this worker's units.
 async fn report_progress(
     shared: &Shared,
-    drive: &unit::UnitDrive,
+    drive: &Arc<dyn Drive>,
     snap: &Snapshot,
     progress: &Progress,
 ) {
     let held = shared.held_units();
     let done = snap.units.iter().filter(|u| u.done).count();
-    let mine = drive.this.lock().await.scanned;
+    let mine = drive.scanned().await;
     progress.status(
         format!(
             "fleet: {done}/{} units done; this worker: units {held:?}, {mine} items",
@@ -506,8 +652,8 @@ fn passing(e: &anyhow::Error) -> bool {
 /// first, then those whose lease expired (judged on this worker's clock).
 async fn take_units(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     snap: &Snapshot,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -541,7 +687,7 @@ async fn take_units(
         .map(|u| (u, None))
         .chain(expired.into_iter().map(|(u, b)| (u, Some(b))));
     for (u, beat) in candidates {
-        if shared.held_units().len() >= want || opts.backfill.stop.is_cancelled() {
+        if shared.held_units().len() >= want || opts.stop.is_cancelled() {
             break;
         }
         let sent = shared.now();
@@ -559,7 +705,7 @@ async fn take_units(
             taken_over = beat.is_some(),
             "unit taken"
         );
-        let token = opts.backfill.stop.child_token();
+        let token = opts.stop.child_token();
         if let Ok(mut h) = shared.held.lock() {
             h.insert(
                 u.n,
@@ -568,6 +714,7 @@ async fn take_units(
                     beat: 0,
                     renewed: sent,
                     stop: token.clone(),
+                    handing_back: false,
                 },
             );
         }
@@ -600,6 +747,17 @@ async fn unit_ended(
             shared.drop_unit(unit);
             finished.insert(unit);
             tracing::info!(unit, "unit done");
+            Ok(())
+        }
+        // Handed back (re-balancing): its page in flight committed, released now.
+        Ok(false) if shared.handing_back(Some(unit)) => {
+            if let Some(x) = shared.drop_unit(unit) {
+                let r = shared.fleet.release(x.lease).await;
+                tracing::info!(unit, released = ?r.ok(), "unit handed back");
+                if let Ok(mut v) = shared.handed_back.lock() {
+                    v.push(unit);
+                }
+            }
             Ok(())
         }
         // Stopped: still held, released once every unit has stopped.
@@ -643,11 +801,7 @@ pub async fn mirror_done(
     state_dir: &StateDir,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "tail",
-    );
+    let f = Fleet::open(clients, fleet, "tail");
     loop {
         match f.meta().await {
             Ok(Some(m)) if m.done_ms.is_some() => {
@@ -668,11 +822,7 @@ pub async fn mirror_done(
 
 /// `rekey status --state dynamodb://…`: what the control table holds.
 pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result<Snapshot> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "status",
-    );
+    let f = Fleet::open(clients, fleet, "status");
     Ok(f.read().await?)
 }
 
