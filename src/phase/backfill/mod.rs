@@ -47,7 +47,7 @@ use crate::aws::rate::{Control, Rate, ThrottleStats};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::BATCH;
 use crate::core::plan::{Mode, Plan};
-use crate::core::transform::{Outcome, transform};
+use crate::core::transform::{Owned, Remnant, transform_owned};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
 use crate::phase::error::{InputError, Stopped};
 use crate::phase::inplace::{self, Applied, Direction};

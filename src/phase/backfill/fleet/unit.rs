@@ -150,11 +150,13 @@ impl UnitDrive {
     }
 
     /// One page: process, tag and write its rejects, commit under the lease.
-    async fn page(&self, l: Lease, page: Page, page_no: u64) -> anyhow::Result<()> {
+    async fn page(&self, l: Lease, mut page: Page, page_no: u64) -> anyhow::Result<()> {
         self.fence(l)?;
         let shared = self.shared.clone();
         let fence = move || shared.may_write(l.unit, l);
-        let (mut counts, rejects) = self.process(&page.items, &fence).await?;
+        let (mut counts, rejects) = self
+            .process(std::mem::take(&mut page.items), &fence)
+            .await?;
         counts.scanned += page.unreadable;
         counts.rejected += page.unreadable;
         let checkpoint = match &page.next {
@@ -203,7 +205,7 @@ impl UnitDrive {
     /// counters and rejects.
     async fn process(
         &self,
-        items: &[Item],
+        items: Vec<Item>,
         fence: &(dyn Fn() -> bool + Sync),
     ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
         let mut page = transform_page(&self.plan, items);
@@ -212,8 +214,7 @@ impl UnitDrive {
             let owners = self.claim(&keys).await?;
             page.keep_owned(&keys, owners);
         }
-        let puts = std::mem::take(&mut page.puts);
-        let refusals = self.writer.write_fenced(puts, fence).await?;
+        let refusals = self.writer.write_fenced(&page.puts, fence).await?;
         Ok(page.written(refusals))
     }
 
