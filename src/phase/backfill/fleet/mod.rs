@@ -27,8 +27,13 @@ use tokio::task::JoinSet;
 use super::*;
 use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlCalls, ControlTable};
+use crate::phase::tail::{self, fleet::FleetTailOptions, fleet::FleetTailReport};
+use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
-use crate::state::fleet::{Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, wall_ms};
+use crate::state::fleet::shard::ShardKey;
+use crate::state::fleet::{
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, live_workers,
+};
 
 pub use unit::LeaseLost;
 
@@ -44,6 +49,9 @@ pub struct WorkerOptions {
     pub lease: Duration,
     /// Units held at once, at most.
     pub max_units: usize,
+    /// `--tail`: this worker also takes stream shards (`phase::tail::fleet`),
+    /// from before the backfill's first Scan, and runs on once it is done.
+    pub tail: Option<FleetTailOptions>,
 }
 
 /// Segments of a migration created without `--segments`: enough for a
@@ -69,53 +77,32 @@ pub struct WorkerReport {
     pub claims: bool,
     /// Requests this worker sent to the control table.
     pub control_calls: ControlCalls,
-}
-
-/// A lease held, as the heartbeat and the fence see it.
-struct Held {
-    lease: Lease,
-    beat: u64,
-    /// When the last successful renewal (or the take) was sent: own clock.
-    renewed: Duration,
-    /// Cancelled when the lease is lost or the worker stops.
-    stop: CancellationToken,
+    /// `--tail`: what this worker's share of the stream did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tail: Option<FleetTailReport>,
 }
 
 /// What the worker's tasks share.
 pub(super) struct Shared {
     fleet: Fleet,
-    started: Instant,
-    duration: Duration,
-    held: std::sync::Mutex<HashMap<u32, Held>>,
+    /// The Scan segments held.
+    units: Holdings<u32>,
+    /// The stream shards held (`--tail`): renewed by the same heartbeat.
+    shards: Arc<Holdings<ShardKey>>,
 }
 
 impl Shared {
     fn now(&self) -> Duration {
-        self.started.elapsed()
+        self.units.now()
     }
 
     /// The fence: may this worker still write for `unit`?
     pub(super) fn may_write(&self, unit: u32, l: Lease) -> bool {
-        let now = self.now();
-        self.held
-            .lock()
-            .map(|h| {
-                h.get(&unit).is_some_and(|x| {
-                    x.lease == l && lease::may_write(x.renewed, now, self.duration)
-                })
-            })
-            .unwrap_or(false)
+        self.units.may_write(&unit, l.lease)
     }
 
     fn held_units(&self) -> Vec<u32> {
-        self.held
-            .lock()
-            .map(|h| h.keys().copied().collect())
-            .unwrap_or_default()
-    }
-
-    fn drop_unit(&self, unit: u32) -> Option<Held> {
-        self.held.lock().ok().and_then(|mut h| h.remove(&unit))
+        self.units.keys()
     }
 }
 
@@ -128,19 +115,6 @@ struct Budgets {
 
 fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
     total.map(|t| t / live.max(1) as f64)
-}
-
-/// Workers whose heartbeat is recent (three lease durations, on this
-/// machine's clock: only the rate shares depend on it).
-fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
-    let fresh = (duration.as_millis() as i64) * 3;
-    let now = wall_ms();
-    let others = snap
-        .workers
-        .iter()
-        .filter(|w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
-        .count();
-    others + 1
 }
 
 /// Why target keys must be claimed in the control table, or None when the
@@ -219,11 +193,11 @@ pub async fn run(
         write: full.write.rate().await,
     };
     let control = Arc::new(Control::new(budgets.read, budgets.write));
+    let started_clock = Instant::now();
     let shared = Arc::new(Shared {
         fleet,
-        started: Instant::now(),
-        duration: opts.lease,
-        held: std::sync::Mutex::new(HashMap::new()),
+        units: Holdings::new(started_clock, opts.lease),
+        shards: Arc::new(Holdings::new(started_clock, opts.lease)),
     });
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
     if let Some(parent) = opts
@@ -258,7 +232,7 @@ pub async fn run(
         beat_stop.clone(),
     ));
     progress.start("worker", Some(source.item_count));
-    let outcome = schedule(&shared, &drive, opts, progress).await;
+    let (outcome, tail) = backfill_and_tail(clients, plan, &shared, &drive, opts, progress).await;
     progress.finish();
     beat_stop.cancel();
     let _ = beats.await;
@@ -272,6 +246,7 @@ pub async fn run(
         tracing::warn!(error = %e, "cannot report this worker");
     }
     let (finished, done) = outcome?;
+    let tail = tail.transpose()?;
     let snap = shared.fleet.read().await?;
     let report = WorkerReport {
         worker: opts.worker_id.clone(),
@@ -285,8 +260,9 @@ pub async fn run(
         elapsed_seconds: started.elapsed().as_secs_f64(),
         claims: why.is_some(),
         control_calls: shared.fleet.control.calls(),
+        tail,
     };
-    if !done {
+    if !done || (opts.tail.is_some() && opts.backfill.stop.is_cancelled()) {
         return Err(Stopped.into());
     }
     Ok(report)
@@ -303,7 +279,7 @@ async fn heartbeat(
 ) {
     // A fixed beat: the time the renewals take is not added to the wait
     // before the next ones (under load it was, and holders fenced themselves).
-    let mut beat = tokio::time::interval(shared.duration / BEATS_PER_LEASE);
+    let mut beat = tokio::time::interval(shared.units.duration / BEATS_PER_LEASE);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut live_before = 0;
     loop {
@@ -314,7 +290,7 @@ async fn heartbeat(
         renew_all(&shared).await;
         let me = shared.fleet.worker.clone();
         let live = match shared.fleet.read_workers().await {
-            Ok(snap) => live_workers(&snap, &me, shared.duration),
+            Ok(snap) => live_workers(&snap, &me, shared.units.duration),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the control table");
                 live_before.max(1)
@@ -342,50 +318,50 @@ async fn heartbeat(
     }
 }
 
-/// One renewal of each lease held. A refused renewal means the lease is
-/// gone: its unit stops at once.
+/// One renewal of each lease held, units and shards. A refused renewal
+/// means the lease is gone: its unit (or shard) stops at once.
 async fn renew_all(shared: &Shared) {
-    let held: Vec<(u32, Lease, u64)> = match shared.held.lock() {
-        Ok(h) => h
-            .values()
-            .map(|x| (x.lease.unit, x.lease, x.beat))
-            .collect(),
-        Err(_) => return,
-    };
-    // All at once: one after another, a worker holding many units renewed
-    // its last lease a whole round trip per unit late.
-    futures::future::join_all(
-        held.into_iter()
-            .map(|(unit, l, beat)| renew_one(shared, unit, l, beat)),
+    futures::future::join(
+        shared.units.renew_all(&shared.fleet),
+        shared.shards.renew_all(&shared.fleet),
     )
     .await;
 }
 
-/// One lease's renewal, and what its answer means for the unit.
-async fn renew_one(shared: &Shared, unit: u32, l: Lease, beat: u64) {
-    let sent = shared.now();
-    // The grant says, atomically with the renewal, how long this worker may write.
-    let until = wall_ms() + shared.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
-    match shared.fleet.renew(l, beat + 1, until).await {
-        Ok(Cond::Written) => {
-            if let Ok(mut h) = shared.held.lock()
-                && let Some(x) = h.get_mut(&unit)
-                && x.lease == l
-            {
-                x.renewed = sent;
-                x.beat = beat + 1;
-            }
+/// The backfill's units and, with `--tail`, the stream's shards, side by
+/// side: the backfill ends when every unit is done, the tail runs on (until
+/// a stop, or idle). A failed backfill stops the tail.
+async fn backfill_and_tail(
+    clients: &Clients,
+    plan: &Plan,
+    shared: &Arc<Shared>,
+    drive: &Arc<unit::UnitDrive>,
+    opts: &WorkerOptions,
+    progress: &Progress,
+) -> (
+    anyhow::Result<(BTreeSet<u32>, bool)>,
+    Option<anyhow::Result<FleetTailReport>>,
+) {
+    let Some(t) = &opts.tail else {
+        return (schedule(shared, drive, opts, progress).await, None);
+    };
+    let tail = tail::fleet::run(
+        clients,
+        plan,
+        shared.fleet.clone(),
+        shared.shards.clone(),
+        drive.control.clone(),
+        t,
+    );
+    let backfill = async {
+        let r = schedule(shared, drive, opts, progress).await;
+        if r.is_err() {
+            t.stop.cancel();
         }
-        Ok(Cond::Refused) => {
-            tracing::warn!(unit, lease = l.lease, "lease lost: the unit stops");
-            if let Some(x) = shared.drop_unit(unit) {
-                x.stop.cancel();
-            }
-        }
-        Err(e) => {
-            tracing::warn!(unit, error = %e, "renewal failed; the fence closes unless the next one lands")
-        }
-    }
+        r
+    };
+    let (b, t) = tokio::join!(backfill, tail);
+    (b, Some(t))
 }
 
 /// Takes units while there are some to take, runs each, and ends when every
@@ -401,7 +377,7 @@ async fn schedule(
     let mut observer = Observer::default();
     let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
     let mut finished = BTreeSet::new();
-    let every = shared.duration / BEATS_PER_LEASE;
+    let every = shared.units.duration / BEATS_PER_LEASE;
     let result = loop {
         if stop.is_cancelled() {
             break Ok(false);
@@ -425,13 +401,7 @@ async fn schedule(
         }
     };
     // Pages in flight finish and commit; then what is held goes back.
-    for u in shared.held_units() {
-        if let Ok(h) = shared.held.lock()
-            && let Some(x) = h.get(&u)
-        {
-            x.stop.cancel();
-        }
-    }
+    shared.units.cancel_all();
     while let Some(r) = tasks.join_next().await {
         if let Err(e) = unit_ended(shared, r, &mut finished).await
             && result.is_ok()
@@ -439,7 +409,7 @@ async fn schedule(
             return Err(e);
         }
     }
-    release_all(shared).await;
+    shared.units.release_all(&shared.fleet).await;
     result.map(|done| (finished, done))
 }
 
@@ -517,7 +487,7 @@ async fn take_units(
     let open = snap.units.iter().filter(|u| !u.done).count();
     let want = lease::share(
         open,
-        live_workers(snap, &me, shared.duration),
+        live_workers(snap, &me, shared.units.duration),
         opts.max_units,
     );
     let mut free = Vec::new();
@@ -527,7 +497,7 @@ async fn take_units(
         let seen = observer.observe(u, now);
         // A unit this worker let go (its fence closed) is judged as anyone's.
         let who = if held.contains(&u.n) { me.as_str() } else { "" };
-        match lease::judge(u, who, &seen, now, shared.duration) {
+        match lease::judge(u, who, &seen, now, shared.units.duration) {
             Judgement::Free { .. } => free.push(u),
             Judgement::Expired { beat, .. } => expired.push((u, beat)),
             _ => {}
@@ -547,7 +517,7 @@ async fn take_units(
         let sent = shared.now();
         let Some(l) = shared
             .fleet
-            .take(u, beat, shared.duration.mul_f64(FENCE_FRACTION))
+            .take(u, beat, shared.units.duration.mul_f64(FENCE_FRACTION))
             .await?
         else {
             continue; // another worker was first
@@ -560,17 +530,7 @@ async fn take_units(
             "unit taken"
         );
         let token = opts.backfill.stop.child_token();
-        if let Ok(mut h) = shared.held.lock() {
-            h.insert(
-                u.n,
-                Held {
-                    lease: l,
-                    beat: 0,
-                    renewed: sent,
-                    stop: token.clone(),
-                },
-            );
-        }
+        shared.units.insert(u.n, l.lease, sent, token.clone());
         let (drive, unit) = (drive.clone(), u.clone());
         tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) });
     }
@@ -597,7 +557,7 @@ async fn unit_ended(
     };
     match r {
         Ok(true) => {
-            shared.drop_unit(unit);
+            shared.units.remove(&unit);
             finished.insert(unit);
             tracing::info!(unit, "unit done");
             Ok(())
@@ -606,30 +566,11 @@ async fn unit_ended(
         Ok(false) => Ok(()),
         Err(e) if unit::lost(&e) || passing(&e) => {
             tracing::warn!(unit, error = %e, "unit given up: its lease is gone, or a call failed");
-            if let Some(x) = shared.drop_unit(unit) {
-                // Still ours if only the fence closed: hand it over at once.
-                let _ = shared.fleet.release(x.lease).await;
-            }
+            // Still ours if only the fence closed: hand it over at once.
+            shared.units.give_back(&shared.fleet, &unit).await;
             Ok(())
         }
         Err(e) => Err(e.context(format!("unit {unit}"))),
-    }
-}
-
-/// Gives back every lease still held (a stop), so that another worker
-/// takes the units at once instead of waiting for them to expire.
-async fn release_all(shared: &Shared) {
-    let held: Vec<Held> = match shared.held.lock() {
-        Ok(mut h) => h.drain().map(|(_, x)| x).collect(),
-        Err(_) => return,
-    };
-    for x in held {
-        match shared.fleet.release(x.lease).await {
-            Ok(_) => tracing::info!(unit = x.lease.unit, "lease released"),
-            Err(e) => {
-                tracing::warn!(unit = x.lease.unit, error = %e, "cannot release; it expires instead")
-            }
-        }
     }
 }
 
@@ -679,7 +620,7 @@ pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::fleet::WorkerInfo;
+    use crate::state::fleet::{WorkerInfo, wall_ms};
 
     fn worker(id: &str, state: &str, age_ms: i64) -> WorkerInfo {
         WorkerInfo {
