@@ -114,10 +114,14 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
     let kill = async {
         // The shard's holder, once it has committed a chunk and while the
         // backfill is not done: mid-buffer.
-        wait_for(&fleet, "a buffer chunk committed during the backfill", |s| {
-            let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
-            backfilling && victim_of(s, |u| u.chunks >= 1 && !u.live).is_some()
-        })
+        wait_for(
+            &fleet,
+            "a buffer chunk committed during the backfill",
+            |s| {
+                let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
+                backfilling && victim_of(s, |u| u.chunks >= 1 && !u.live).is_some()
+            },
+        )
         .await;
         let s = snapshot(&fleet).await;
         let victim = victim_of(&s, |u| u.chunks >= 1 && !u.live).unwrap();
@@ -174,4 +178,223 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
     assert_eq!(tail["shards"].as_array().unwrap().len(), 1, "{st}");
     assert!(tail["applied_through"].is_string(), "{st}");
     assert_eq!(tail["shards"][0]["live"], true, "{st}");
+}
+
+/// Item `id`'s INSERT then MODIFY (same status, v 1 → 2) at `seq`, `seq + 1`.
+fn created(seq: u64, id: u32) -> [Json; 2] {
+    [
+        record(seq, "INSERT", None, Some(img(id, "OPEN", 1))),
+        record(
+            seq + 1,
+            "MODIFY",
+            Some(img(id, "OPEN", 1)),
+            Some(img(id, "OPEN", 2)),
+        ),
+    ]
+}
+
+/// A split and a second generation: `a` (closed) has children `b` and `c`
+/// (closed), `b` has `d` (open); `z`'s parent was trimmed away. Items 1–8
+/// are created in `a`; 1 and 2 move in `b`, 1 again in `d`; 3 is removed
+/// and 4 moves in `c`; 9 is created in `z`. Applied out of lineage order,
+/// the target keeps a stale status key or a removed item.
+fn split_stream() -> Double {
+    let moved = |seq, id, from, to, v| {
+        record(
+            seq,
+            "MODIFY",
+            Some(img(id, from, v)),
+            Some(img(id, to, v + 1)),
+        )
+    };
+    Double {
+        shards: vec![
+            Shard {
+                id: "shard-a",
+                parent: None,
+                closed: true,
+                records: (1..=8)
+                    .flat_map(|id| created(100 + 2 * id as u64, id))
+                    .collect(),
+            },
+            Shard {
+                id: "shard-b",
+                parent: Some("shard-a"),
+                closed: true,
+                records: vec![
+                    moved(200, 1, "OPEN", "PAID", 2),
+                    moved(201, 2, "OPEN", "PAID", 2),
+                ],
+            },
+            Shard {
+                id: "shard-c",
+                parent: Some("shard-a"),
+                closed: true,
+                records: vec![
+                    record(300, "REMOVE", Some(img(3, "OPEN", 2)), None),
+                    moved(301, 4, "OPEN", "SHIPPED", 2),
+                ],
+            },
+            Shard {
+                id: "shard-d",
+                parent: Some("shard-b"),
+                closed: false,
+                records: vec![moved(400, 1, "PAID", "SHIPPED", 3)],
+            },
+            Shard {
+                id: "shard-z",
+                parent: Some("shard-gone"),
+                closed: true,
+                records: created(50, 9).to_vec(),
+            },
+        ],
+        expire_once: Mutex::new(vec![]),
+        trimmed: vec![],
+        calls: Mutex::new(Vec::new()),
+    }
+}
+
+/// What the stream leaves of items 1–9.
+fn stream_finals() -> Vec<Item> {
+    let mut out = vec![
+        img(1, "SHIPPED", 4),
+        img(2, "PAID", 3),
+        img(4, "SHIPPED", 3),
+        img(9, "OPEN", 2),
+    ];
+    out.extend((5..=8).map(|id| img(id, "OPEN", 2)));
+    out.iter().map(|j| item(&j.to_string())).collect()
+}
+
+/// From the control table: no shard applied anything before its parent
+/// was done, and a child was leased by another worker than its parent.
+fn check_lineage(s: &Snapshot) {
+    let mut other_holder = false;
+    for u in &s.shards {
+        let Some(p) = u.parent.as_deref().and_then(|p| shard(s, p)) else {
+            continue;
+        };
+        let (child_at, parent_done) = (u.first_apply_ms.unwrap(), p.done_ms.unwrap());
+        assert!(
+            child_at >= parent_done,
+            "{} applied at {child_at}, before its parent {} was done at {parent_done}",
+            u.id,
+            p.id
+        );
+        let owners =
+            |x: &ShardUnit| -> Vec<String> { x.grants.iter().map(|g| g.owner.clone()).collect() };
+        other_holder |= owners(u).iter().any(|o| !owners(p).contains(o));
+    }
+    assert!(
+        other_holder,
+        "a child leased by another worker than its parent"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_buffer_and_mid_apply()
+ {
+    let env = TestEnv::start().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_table(&target, &pk_sk()).await;
+    let (plan_path, plan) = PlanText::new(&source, &target)
+        .rule(Rule::new(
+            &[("PK", "O#{id}")],
+            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
+        ))
+        .write(&env);
+    // The backfill's own items (the double's stream does not carry them).
+    let backfilled: Vec<Item> = (100..112)
+        .map(|id| item(&img(id, "PAID", 1).to_string()))
+        .collect();
+    env.put(&source, &backfilled).await;
+    let double = Arc::new(split_stream());
+    let streams = serve(double.clone()).await;
+    let (fleet, url, ctl) = control_table(&env, "lineage");
+    let plan_s = plan_path.to_str().unwrap();
+    let dir = env.dir.path().to_path_buf();
+    // One shard (and one segment) a worker; a 3 WCU/s budget, so that the
+    // backfill takes seconds and a shard's buffer takes seconds to apply.
+    let start = |w: &str| {
+        let extra = ["--write-rate", "3", "--max-units", "1"];
+        let a = worker_args(plan_s, &url, w, &dir, &extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let mut cmd = env.command(&a, &[("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", &streams)]);
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut workers: BTreeMap<String, Child> = ["w1", "w2", "w3"]
+        .into_iter()
+        .map(|w| (w.to_string(), start(w)))
+        .collect();
+
+    wait_for(&fleet, "a chunk buffered during the backfill", |s| {
+        let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
+        backfilling && victim_of(s, |u| u.chunks >= 1 && u.applied == 0).is_some()
+    })
+    .await;
+    let s = snapshot(&fleet).await;
+    let first = victim_of(&s, |u| u.chunks >= 1 && u.applied == 0).unwrap();
+    kill_9(workers.get_mut(&first).unwrap());
+    workers.remove(&first);
+    eprintln!("{first} killed mid-buffer");
+
+    wait_for(&fleet, "a shard's buffer partly applied", |s| {
+        victim_of(s, |u| u.applied >= 1 && u.applied < u.chunks).is_some()
+    })
+    .await;
+    let s = snapshot(&fleet).await;
+    let second = victim_of(&s, |u| u.applied >= 1 && u.applied < u.chunks).unwrap();
+    if let Some(mut child) = workers.remove(&second) {
+        kill_9(&mut child);
+        eprintln!("{second} killed mid-apply");
+    }
+    // Another worker joins; the survivors resume both kills' shards.
+    workers.insert("w4".into(), start("w4"));
+    for (id, child) in workers {
+        let out = wait_output(child).await;
+        assert!(out.status.success(), "{id}: {}", stderr(&out));
+    }
+
+    let mut all = backfilled.clone();
+    all.extend(stream_finals());
+    let expected = expected_target(&plan, &all);
+    let actual = env.table_map(&target, &["PK", "SK"]).await;
+    assert!(
+        actual == expected,
+        "lineage order across workers: {:?}",
+        actual
+            .keys()
+            .map(|k| rekey::core::value::decode_key(k))
+            .collect::<Vec<_>>()
+    );
+
+    let s = snapshot(&fleet).await;
+    assert_eq!(s.shards.len(), 5);
+    for u in &s.shards {
+        assert!(u.applied == u.chunks && u.chunks >= 1, "{u:?}");
+        assert_eq!(u.done, u.id != "shard-d", "{u:?}");
+    }
+    check_lineage(&s);
+    // A lease that ended without a release, followed by another: a takeover.
+    let taken_over: usize = s
+        .shards
+        .iter()
+        .map(|u| {
+            u.grants
+                .iter()
+                .filter(|g| !g.released && g.lease < u.lease)
+                .count()
+        })
+        .sum();
+    assert!(
+        taken_over >= 2,
+        "both kills' shards taken over: {:?}",
+        s.shards
+    );
+    check_buffers_applied(&env, &ctl, &s).await;
 }

@@ -281,7 +281,8 @@ fn fleet_text(s: &FleetStatus) -> String {
                 x.applied,
                 x.chunks,
                 if x.live { ", live" } else { ", buffering" },
-                x.lag_seconds.map_or(String::new(), |l| format!(", lag {l:.1} s")),
+                x.lag_seconds
+                    .map_or(String::new(), |l| format!(", lag {l:.1} s")),
                 if x.done { ", done" } else { "" }
             );
         }

@@ -216,7 +216,15 @@ impl Tail<'_> {
         } else {
             let reduced = reduce(&self.mapper, &changes, &lanes);
             let table = self.opts.flow.write_table(self.plan);
-            write_rounds(self.clients, table, &self.control, &changes, reduced, &|| true).await?
+            write_rounds(
+                self.clients,
+                table,
+                &self.control,
+                &changes,
+                reduced,
+                &|| true,
+            )
+            .await?
         };
         self.report.in_sync += applied.in_sync;
         self.report.echoes += applied.echoes;
@@ -267,7 +275,15 @@ pub(super) async fn apply_fenced(
     let mapper = Mapper::new(plan, Flow::Forward);
     let lanes = lanes(&plan.source_key, changes);
     let reduced = reduce(&mapper, changes, &lanes);
-    write_rounds(clients, &plan.target_table, control, changes, reduced, fence).await
+    write_rounds(
+        clients,
+        &plan.target_table,
+        control,
+        changes,
+        reduced,
+        fence,
+    )
+    .await
 }
 
 /// Write the reduced writes, a round at a time, each round in batches of 25

@@ -194,7 +194,11 @@ async fn turn(
     let me = ctx.fleet.worker.clone();
     let takeable = shard_state::may_take(&shards);
     let open = takeable.len();
-    let want = lease::share(open, live_workers(&snap, &me, ctx.held.duration), opts.max_shards);
+    let want = lease::share(
+        open,
+        live_workers(&snap, &me, ctx.held.duration),
+        opts.max_shards,
+    );
     let mine = ctx.held.keys();
     let mut candidates = Vec::new();
     let mut unsettled = false;
@@ -217,8 +221,15 @@ async fn turn(
         unsettled |= !u.live || u.applied < u.chunks;
     }
     unsettled |= !candidates.is_empty() || !backfill_done || shards.is_empty();
+    // A held shard waiting on its parent does not count against the share:
+    // else the holders of children could leave a dead holder's parent
+    // untaken, and wait on it forever.
+    let mut busy = mine
+        .iter()
+        .filter(|k| shard_state::may_apply(&shards, &k.0))
+        .count();
     for (u, beat) in candidates {
-        if ctx.held.len() >= want || opts.stop.is_cancelled() {
+        if busy >= want || opts.stop.is_cancelled() {
             break;
         }
         let sent = ctx.held.now();
@@ -227,8 +238,10 @@ async fn turn(
             continue; // another worker was first
         };
         tracing::info!(shard = %u.id, lease = l, taken_over = beat.is_some(), "shard taken");
+        busy += usize::from(shard_state::may_apply(&shards, &u.id));
         let token = opts.stop.child_token();
-        ctx.held.insert(ShardKey(u.id.clone()), l, sent, token.clone());
+        ctx.held
+            .insert(ShardKey(u.id.clone()), l, sent, token.clone());
         let (c, unit) = (ctx.clone(), u.clone());
         tasks.spawn(async move { (unit.id.clone(), c.hold(unit, l, token).await) });
     }
@@ -400,7 +413,12 @@ impl Ctx {
         self.apply(u, lease, &changes).await?;
         let mut c = ShardCommit::of(u);
         c.applied = k + 1;
-        c.record_at = changes.iter().map(|x| x.at).reduce(f64::max).or(c.record_at);
+        c.applies = true;
+        c.record_at = changes
+            .iter()
+            .map(|x| x.at)
+            .reduce(f64::max)
+            .or(c.record_at);
         self.commit(u, lease, c).await?;
         self.report.lock().await.chunks_applied += 1;
         tracing::info!(shard = %u.id, chunk = k, records = changes.len(), "buffer chunk applied");
@@ -483,9 +501,14 @@ impl Ctx {
         c.finished = finished;
         if let Some((seq, _)) = records.last() {
             c.seq = Some(seq.clone());
+            c.applies = true;
             let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
             self.apply(u, lease, &changes).await?;
-            c.record_at = changes.iter().map(|x| x.at).reduce(f64::max).or(c.record_at);
+            c.record_at = changes
+                .iter()
+                .map(|x| x.at)
+                .reduce(f64::max)
+                .or(c.record_at);
         } else {
             // An empty read: said at most once a beat (it costs a write).
             let beat = self.held.duration.as_secs_f64() / f64::from(BEATS_PER_LEASE);

@@ -120,7 +120,10 @@ impl<K: HeldKey> Holdings<K> {
     /// late). A refused renewal means the lease is gone: its task stops.
     pub async fn renew_all(&self, fleet: &Fleet) {
         let held: Vec<(K, u64, u64)> = match self.held.lock() {
-            Ok(h) => h.iter().map(|(k, x)| (k.clone(), x.lease, x.beat)).collect(),
+            Ok(h) => h
+                .iter()
+                .map(|(k, x)| (k.clone(), x.lease, x.beat))
+                .collect(),
             Err(_) => return,
         };
         futures::future::join_all(

@@ -114,6 +114,8 @@ pub struct ShardCommit {
     pub done: bool,
     pub record_at: Option<f64>,
     pub empty_read_at: Option<f64>,
+    /// This commit covers writes to the target (its first sets `first_apply_ms`).
+    pub applies: bool,
 }
 
 impl ShardCommit {
@@ -128,6 +130,7 @@ impl ShardCommit {
             done: u.done,
             record_at: u.record_at,
             empty_read_at: u.empty_read_at,
+            applies: false,
         }
     }
 }
@@ -405,14 +408,7 @@ impl Fleet {
             (":one", n(1)),
         ];
         let mut names = vec![
-            "owner",
-            "lease",
-            "chunks",
-            "applied",
-            "finished",
-            "live",
-            "done",
-            "page",
+            "owner", "lease", "chunks", "applied", "finished", "live", "done", "page",
         ];
         let optional = [
             ("seq", c.seq.as_ref().map(|x| s(x))),
@@ -427,7 +423,7 @@ impl Fleet {
                 values.push((placeholder(name), v));
             }
         }
-        if c.live && (c.applied > was.applied || c.record_at != was.record_at) {
+        if c.applies {
             update.push_str(", #first_apply_ms = if_not_exists(#first_apply_ms, :now)");
             names.push("first_apply_ms");
             values.push((":now", n(now)));
@@ -574,7 +570,10 @@ mod tests {
             start = *end;
         }
         assert_eq!(back, records);
-        assert!(pack(&records[..1], 10).is_err(), "one record over the limit");
+        assert!(
+            pack(&records[..1], 10).is_err(),
+            "one record over the limit"
+        );
         assert!(pack::<u8>(&[], 10).unwrap().is_empty());
     }
 

@@ -183,4 +183,3 @@ pub async fn serve(double: Arc<Double>) -> String {
     });
     format!("http://{addr}")
 }
-
