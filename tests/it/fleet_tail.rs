@@ -75,7 +75,7 @@ async fn check_buffers_applied(env: &TestEnv, ctl: &str, s: &Snapshot) {
     for (pk, n) in chunks_left(env, ctl).await {
         let id = pk.rsplit('#').next().unwrap();
         let u = shard(s, id).unwrap_or_else(|| panic!("chunk of an unknown shard {pk}"));
-        assert!(n < u.applied, "{pk} chunk {n} not applied: {u:?}");
+        assert!(n < u.cp.applied, "{pk} chunk {n} not applied: {u:?}");
     }
 }
 
@@ -119,12 +119,12 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
             "a buffer chunk committed during the backfill",
             |s| {
                 let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
-                backfilling && victim_of(s, |u| u.chunks >= 1 && !u.live).is_some()
+                backfilling && victim_of(s, |u| u.cp.chunks >= 1 && !u.cp.live).is_some()
             },
         )
         .await;
         let s = snapshot(&fleet).await;
-        let victim = victim_of(&s, |u| u.chunks >= 1 && !u.live).unwrap();
+        let victim = victim_of(&s, |u| u.cp.chunks >= 1 && !u.cp.live).unwrap();
         assert!(
             s.meta.as_ref().unwrap().done_ms.is_none(),
             "still backfilling when killed"
@@ -153,7 +153,10 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
     let s = snapshot(&fleet).await;
     assert_eq!(s.shards.len(), 1, "the local server keeps one shard");
     let u = &s.shards[0];
-    assert!(u.live && u.applied == u.chunks && u.chunks >= 1, "{u:?}");
+    assert!(
+        u.cp.live && u.cp.applied == u.cp.chunks && u.cp.chunks >= 1,
+        "{u:?}"
+    );
     let mut grants = u.grants.clone();
     grants.sort_by_key(|g| g.lease);
     assert!(
@@ -295,16 +298,7 @@ fn check_lineage(s: &Snapshot) {
 async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_buffer_and_mid_apply()
  {
     let env = TestEnv::start().await;
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.create_streamed_table(&source, &pk_only()).await;
-    env.create_table(&target, &pk_sk()).await;
-    let (plan_path, plan) = PlanText::new(&source, &target)
-        .rule(Rule::new(
-            &[("PK", "O#{id}")],
-            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
-        ))
-        .write(&env);
+    let (source, target, plan_path, plan) = status_tables(&env).await;
     // The backfill's own items (the double's stream does not carry them).
     let backfilled: Vec<Item> = (100..112)
         .map(|id| item(&img(id, "PAID", 1).to_string()))
@@ -334,21 +328,21 @@ async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_b
 
     wait_for(&fleet, "a chunk buffered during the backfill", |s| {
         let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
-        backfilling && victim_of(s, |u| u.chunks >= 1 && u.applied == 0).is_some()
+        backfilling && victim_of(s, |u| u.cp.chunks >= 1 && u.cp.applied == 0).is_some()
     })
     .await;
     let s = snapshot(&fleet).await;
-    let first = victim_of(&s, |u| u.chunks >= 1 && u.applied == 0).unwrap();
+    let first = victim_of(&s, |u| u.cp.chunks >= 1 && u.cp.applied == 0).unwrap();
     kill_9(workers.get_mut(&first).unwrap());
     workers.remove(&first);
     eprintln!("{first} killed mid-buffer");
 
     wait_for(&fleet, "a shard's buffer partly applied", |s| {
-        victim_of(s, |u| u.applied >= 1 && u.applied < u.chunks).is_some()
+        victim_of(s, |u| u.cp.applied >= 1 && u.cp.applied < u.cp.chunks).is_some()
     })
     .await;
     let s = snapshot(&fleet).await;
-    let second = victim_of(&s, |u| u.applied >= 1 && u.applied < u.chunks).unwrap();
+    let second = victim_of(&s, |u| u.cp.applied >= 1 && u.cp.applied < u.cp.chunks).unwrap();
     if let Some(mut child) = workers.remove(&second) {
         kill_9(&mut child);
         eprintln!("{second} killed mid-apply");
@@ -362,22 +356,13 @@ async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_b
 
     let mut all = backfilled.clone();
     all.extend(stream_finals());
-    let expected = expected_target(&plan, &all);
-    let actual = env.table_map(&target, &["PK", "SK"]).await;
-    assert!(
-        actual == expected,
-        "lineage order across workers: {:?}",
-        actual
-            .keys()
-            .map(|k| rekey::core::value::decode_key(k))
-            .collect::<Vec<_>>()
-    );
+    assert_target_is(&env, &plan, &target, &all, "lineage order across workers").await;
 
     let s = snapshot(&fleet).await;
     assert_eq!(s.shards.len(), 5);
     for u in &s.shards {
-        assert!(u.applied == u.chunks && u.chunks >= 1, "{u:?}");
-        assert_eq!(u.done, u.id != "shard-d", "{u:?}");
+        assert!(u.cp.applied == u.cp.chunks && u.cp.chunks >= 1, "{u:?}");
+        assert_eq!(u.cp.done, u.id != "shard-d", "{u:?}");
     }
     check_lineage(&s);
     // A lease that ended without a release, followed by another: a takeover.

@@ -14,17 +14,7 @@ use crate::support::streams_double::*;
 use crate::support::*;
 
 async fn setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf, std::path::PathBuf) {
-    let source = env.table_name("src");
-    let target = env.table_name("dst");
-    env.create_streamed_table(&source, &pk_only()).await;
-    env.create_table(&target, &pk_sk()).await;
-    // Orders keyed by status (one target key per status and order).
-    let (plan_path, plan) = PlanText::new(&source, &target)
-        .rule(Rule::new(
-            &[("PK", "O#{id}")],
-            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
-        ))
-        .write(env);
+    let (_, target, plan_path, plan) = status_tables(env).await;
     let state = env.dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     // No backfill in these tests: the tail applies as it reads.
@@ -137,16 +127,7 @@ async fn children_after_parents_across_a_split_with_an_expired_iterator() {
         item(&img(3, "OPEN", 2).to_string()),
         item(&img(9, "OPEN", 7).to_string()),
     ];
-    let expected = expected_target(&plan, &items);
-    let actual = env.table_map(&target, &["PK", "SK"]).await;
-    assert!(
-        actual == expected,
-        "lineage order: {:?}",
-        actual
-            .keys()
-            .map(|k| rekey::core::value::decode_key(k))
-            .collect::<Vec<_>>()
-    );
+    assert_target_is(&env, &plan, &target, &items, "lineage order").await;
     assert!(
         double.expire_once.lock().unwrap().is_empty(),
         "the expired iterator was met, and re-got from the checkpoint"
@@ -156,8 +137,7 @@ async fn children_after_parents_across_a_split_with_an_expired_iterator() {
     let out = run_tail(&env, &streams, &plan_path, &state);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(report(&out)["records"], 0);
-    let again = env.table_map(&target, &["PK", "SK"]).await;
-    assert!(again == expected);
+    assert_target_is(&env, &plan, &target, &items, "after the rerun").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

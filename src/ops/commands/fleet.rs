@@ -145,7 +145,7 @@ fn tail_line(shards: &[ShardUnit]) -> Option<TailLine> {
         shards: shards
             .iter()
             .map(|s| {
-                let (lag, through) = if s.done {
+                let (lag, through) = if s.cp.done {
                     (None, None)
                 } else {
                     fleet_through(std::slice::from_ref(s), now)
@@ -155,11 +155,11 @@ fn tail_line(shards: &[ShardUnit]) -> Option<TailLine> {
                     parent: s.parent.clone(),
                     owner: s.owner.clone(),
                     lease: s.lease,
-                    chunks: s.chunks,
-                    applied: s.applied,
-                    finished: s.finished,
-                    live: s.live,
-                    done: s.done,
+                    chunks: s.cp.chunks,
+                    applied: s.cp.applied,
+                    finished: s.cp.finished,
+                    live: s.cp.live,
+                    done: s.cp.done,
                     lag_seconds: lag,
                     applied_through: through.and_then(time),
                 }

@@ -24,14 +24,13 @@ use tokio::task::JoinSet;
 
 use super::apply::{Fenced, apply_fenced};
 use super::*;
-use crate::aws::AwsError;
 use crate::aws::control::Cond;
 use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::shard::{
-    self as shard_state, CHUNK_LIMIT, ShardCommit, ShardKey, ShardUnit, Step,
+    self as shard_state, CHUNK_LIMIT, ShardCheckpoint, ShardKey, ShardUnit, Step,
 };
-use crate::state::fleet::{Fleet, FleetError, live_workers};
+use crate::state::fleet::{Fleet, live_workers, passing};
 
 /// How a worker tails.
 #[derive(Debug, Clone)]
@@ -218,7 +217,7 @@ async fn turn(
             Judgement::Free { .. } | Judgement::Expired { .. } => unsettled = true,
             Judgement::Held | Judgement::Mine => {}
         }
-        unsettled |= !u.live || u.applied < u.chunks;
+        unsettled |= !u.cp.live || u.cp.applied < u.cp.chunks;
     }
     unsettled |= !candidates.is_empty() || !backfill_done || shards.is_empty();
     // A held shard waiting on its parent does not count against the share:
@@ -260,7 +259,7 @@ impl Quiet {
     fn idle_for(&mut self, shards: &[ShardUnit], now: Duration) -> Duration {
         let sig: Vec<_> = shards
             .iter()
-            .map(|s| (s.id.clone(), s.seq.clone(), s.applied))
+            .map(|s| (s.id.clone(), s.cp.seq.clone(), s.cp.applied))
             .collect();
         if shards.is_empty() || sig != self.last {
             self.last = sig;
@@ -268,19 +267,6 @@ impl Quiet {
         }
         now.saturating_sub(self.since)
     }
-}
-
-/// A throttle or a transient AWS failure: the turn is tried again.
-fn passing(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        let aws = c
-            .downcast_ref::<AwsError>()
-            .or(match c.downcast_ref::<FleetError>() {
-                Some(FleetError::Aws(a)) => Some(a),
-                _ => None,
-            });
-        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
-    })
 }
 
 /// The lease on a shard is gone: it stops, another worker resumes it.
@@ -360,7 +346,7 @@ impl Ctx {
             let idle = match step {
                 Step::Done => return Ok(true),
                 Step::Finish => {
-                    let mut c = ShardCommit::of(&u);
+                    let mut c = u.cp.clone();
                     c.live = true;
                     c.done = true;
                     self.commit(&mut u, lease, c).await?;
@@ -387,20 +373,34 @@ impl Ctx {
     }
 
     /// Commits `c` (fenced); refused: the lease is gone.
-    async fn commit(&self, u: &mut ShardUnit, lease: u64, c: ShardCommit) -> anyhow::Result<()> {
+    async fn commit(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        c: ShardCheckpoint,
+    ) -> anyhow::Result<()> {
+        self.commit_applied(u, lease, c, false).await
+    }
+
+    /// [`Ctx::commit`] of writes to the target (`applies`).
+    async fn commit_applied(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        c: ShardCheckpoint,
+        applies: bool,
+    ) -> anyhow::Result<()> {
         self.fence(u, lease)?;
-        let was = ShardCommit::of(u);
-        if self.fleet.commit_shard(&u.id, lease, &was, &c).await? == Cond::Refused {
+        let was = u.cp.clone();
+        if self
+            .fleet
+            .commit_shard(&u.id, lease, &was, &c, applies)
+            .await?
+            == Cond::Refused
+        {
             return Err(self.lost(u, lease));
         }
-        u.seq = c.seq;
-        u.chunks = c.chunks;
-        u.applied = c.applied;
-        u.finished = c.finished;
-        u.live = c.live;
-        u.done = c.done;
-        u.record_at = c.record_at;
-        u.empty_read_at = c.empty_read_at;
+        u.cp = c;
         Ok(())
     }
 
@@ -411,15 +411,14 @@ impl Ctx {
             .map_err(|e| anyhow::anyhow!("shard {} chunk {k}: {e}", u.id))?;
         let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
         self.apply(u, lease, &changes).await?;
-        let mut c = ShardCommit::of(u);
+        let mut c = u.cp.clone();
         c.applied = k + 1;
-        c.applies = true;
         c.record_at = changes
             .iter()
             .map(|x| x.at)
             .reduce(f64::max)
             .or(c.record_at);
-        self.commit(u, lease, c).await?;
+        self.commit_applied(u, lease, c, true).await?;
         self.report.lock().await.chunks_applied += 1;
         tracing::info!(shard = %u.id, chunk = k, records = changes.len(), "buffer chunk applied");
         if let Err(e) = self.fleet.delete_chunk(&u.id, k).await {
@@ -460,7 +459,7 @@ impl Ctx {
         let it = match iterator.take() {
             Some(i) => i,
             None => {
-                let start = u.seq.as_deref().map_or(Start::TrimHorizon, Start::After);
+                let start = u.cp.seq.as_deref().map_or(Start::TrimHorizon, Start::After);
                 streams::shard_iterator(&self.clients, &self.stream, &u.id, start).await?
             }
         };
@@ -496,12 +495,12 @@ impl Ctx {
         finished: bool,
         read_at: f64,
     ) -> anyhow::Result<()> {
-        let mut c = ShardCommit::of(u);
+        let mut c = u.cp.clone();
         c.live = true;
         c.finished = finished;
+        let applies = !records.is_empty();
         if let Some((seq, _)) = records.last() {
             c.seq = Some(seq.clone());
-            c.applies = true;
             let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
             self.apply(u, lease, &changes).await?;
             c.record_at = changes
@@ -512,13 +511,13 @@ impl Ctx {
         } else {
             // An empty read: said at most once a beat (it costs a write).
             let beat = self.held.duration.as_secs_f64() / f64::from(BEATS_PER_LEASE);
-            let said = u.empty_read_at.unwrap_or(0.0);
-            if u.live && !finished && read_at - said < beat {
+            let said = u.cp.empty_read_at.unwrap_or(0.0);
+            if u.cp.live && !finished && read_at - said < beat {
                 return Ok(());
             }
             c.empty_read_at = Some(read_at);
         }
-        self.commit(u, lease, c).await
+        self.commit_applied(u, lease, c, applies).await
     }
 
     /// Buffers the records as chunks, each written then committed.
@@ -531,7 +530,7 @@ impl Ctx {
     ) -> anyhow::Result<()> {
         if records.is_empty() {
             if finished {
-                let mut c = ShardCommit::of(u);
+                let mut c = u.cp.clone();
                 c.finished = true;
                 self.commit(u, lease, c).await?;
             }
@@ -542,12 +541,12 @@ impl Ctx {
         let last = pieces.len() - 1;
         let mut start = 0;
         for (i, (end, bytes)) in pieces.into_iter().enumerate() {
-            let n = u.chunks;
+            let n = u.cp.chunks;
             self.fence(u, lease)?;
             if self.fleet.put_chunk(&u.id, n, lease, bytes).await? == Cond::Refused {
                 return Err(self.lost(u, lease));
             }
-            let mut c = ShardCommit::of(u);
+            let mut c = u.cp.clone();
             c.seq = Some(records[end - 1].0.clone());
             c.chunks = n + 1;
             c.finished = finished && i == last;
@@ -557,7 +556,7 @@ impl Ctx {
             r.buffered += (end - start) as u64;
             start = end;
         }
-        tracing::info!(shard = %u.id, chunks = u.chunks, "buffer chunk committed");
+        tracing::info!(shard = %u.id, chunks = u.cp.chunks, "buffer chunk committed");
         Ok(())
     }
 }

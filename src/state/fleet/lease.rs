@@ -28,24 +28,33 @@ pub trait Leased {
     fn done(&self) -> bool;
 }
 
-impl Leased for Unit {
-    type Key = u32;
-    fn key(&self) -> u32 {
-        self.n
-    }
-    fn owner(&self) -> Option<&str> {
-        self.owner.as_deref()
-    }
-    fn lease(&self) -> u64 {
-        self.lease
-    }
-    fn beat(&self) -> u64 {
-        self.beat
-    }
-    fn done(&self) -> bool {
-        self.done
-    }
+/// [`Leased`] for a struct with `owner`, `lease` and `beat` fields, its key
+/// and its done flag where it keeps them.
+macro_rules! leased {
+    ($t:ty, $k:ty, $key:ident, $($done:ident).+) => {
+        impl $crate::state::fleet::lease::Leased for $t {
+            type Key = $k;
+            fn key(&self) -> $k {
+                self.$key.clone()
+            }
+            fn owner(&self) -> Option<&str> {
+                self.owner.as_deref()
+            }
+            fn lease(&self) -> u64 {
+                self.lease
+            }
+            fn beat(&self) -> u64 {
+                self.beat
+            }
+            fn done(&self) -> bool {
+                self.$($done).+
+            }
+        }
+    };
 }
+pub(crate) use leased;
+
+leased!(Unit, u32, n, done);
 
 /// The holder writes only while its last renewal is younger than this share
 /// of the lease duration; a taker waits the whole duration.

@@ -100,6 +100,21 @@ pub enum FleetError {
     Aws(#[from] AwsError),
 }
 
+/// A failure that passes: a throttle or a transient error of an AWS call
+/// (the control table's or the data's). A worker carries on: a unit or shard
+/// it hit is given up and taken again, a turn is tried again.
+pub fn passing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let aws = c
+            .downcast_ref::<AwsError>()
+            .or(match c.downcast_ref::<FleetError>() {
+                Some(FleetError::Aws(a)) => Some(a),
+                _ => None,
+            });
+        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
+    })
+}
+
 /// Where a unit resumes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

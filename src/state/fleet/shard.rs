@@ -31,7 +31,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::held::HeldKey;
-use super::lease::Leased;
+use super::lease::leased;
 use super::{
     Fleet, FleetError, Grant, Judged, PK, SK, exprs, fnum, grants_of, inum, n, num, s, text,
     wall_ms,
@@ -58,6 +58,27 @@ fn shard_sk(id: &str) -> String {
     format!("SHARD#{id}")
 }
 
+/// Where a shard stands: what its holder commits, conditional on its lease.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct ShardCheckpoint {
+    /// The last sequence number buffered or applied: where a holder resumes.
+    pub seq: Option<String>,
+    /// Buffer chunks committed.
+    pub chunks: u64,
+    /// Chunks applied, in order: the apply cursor.
+    pub applied: u64,
+    /// Closed and read to its end.
+    pub finished: bool,
+    /// Records are applied as read.
+    pub live: bool,
+    /// Finished and everything applied.
+    pub done: bool,
+    /// Creation time of the newest record applied (epoch seconds).
+    pub record_at: Option<f64>,
+    /// Start of the last read that found nothing new, while live.
+    pub empty_read_at: Option<f64>,
+}
+
 /// One shard's unit, as read.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShardUnit {
@@ -66,17 +87,10 @@ pub struct ShardUnit {
     pub owner: Option<String>,
     pub lease: u64,
     pub beat: u64,
+    /// Commits so far (where a grant starts).
     pub page: u64,
-    pub seq: Option<String>,
-    pub chunks: u64,
-    pub applied: u64,
-    pub finished: bool,
-    pub live: bool,
-    pub done: bool,
-    /// Creation time of the newest record applied (epoch seconds).
-    pub record_at: Option<f64>,
-    /// Start of the last read that found nothing new, while live.
-    pub empty_read_at: Option<f64>,
+    #[serde(flatten)]
+    pub cp: ShardCheckpoint,
     /// When its holder first applied (epoch ms, the holder's clock).
     pub first_apply_ms: Option<i64>,
     /// When it was done (epoch ms, the holder's clock).
@@ -84,56 +98,7 @@ pub struct ShardUnit {
     pub grants: Vec<Grant>,
 }
 
-impl Leased for ShardUnit {
-    type Key = String;
-    fn key(&self) -> String {
-        self.id.clone()
-    }
-    fn owner(&self) -> Option<&str> {
-        self.owner.as_deref()
-    }
-    fn lease(&self) -> u64 {
-        self.lease
-    }
-    fn beat(&self) -> u64 {
-        self.beat
-    }
-    fn done(&self) -> bool {
-        self.done
-    }
-}
-
-/// What a holder commits after a read, a chunk written or a chunk applied.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ShardCommit {
-    pub seq: Option<String>,
-    pub chunks: u64,
-    pub applied: u64,
-    pub finished: bool,
-    pub live: bool,
-    pub done: bool,
-    pub record_at: Option<f64>,
-    pub empty_read_at: Option<f64>,
-    /// This commit covers writes to the target (its first sets `first_apply_ms`).
-    pub applies: bool,
-}
-
-impl ShardCommit {
-    /// The shard's checkpoint as it stands: the start of the next commit.
-    pub fn of(u: &ShardUnit) -> ShardCommit {
-        ShardCommit {
-            seq: u.seq.clone(),
-            chunks: u.chunks,
-            applied: u.applied,
-            finished: u.finished,
-            live: u.live,
-            done: u.done,
-            record_at: u.record_at,
-            empty_read_at: u.empty_read_at,
-            applies: false,
-        }
-    }
-}
+leased!(ShardUnit, String, id, cp.done);
 
 /// What the holder of a shard does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,13 +120,17 @@ pub enum Step {
 /// the parent shard is done (or unknown: trimmed away), the buffer first, in
 /// order; buffer meanwhile.
 pub fn step(u: &ShardUnit, backfill_done: bool, parent_done: bool) -> Step {
-    if u.done {
+    if u.cp.done {
         Step::Done
     } else if !backfill_done || !parent_done {
-        if u.finished { Step::Wait } else { Step::Buffer }
-    } else if u.applied < u.chunks {
-        Step::Apply(u.applied)
-    } else if u.finished {
+        if u.cp.finished {
+            Step::Wait
+        } else {
+            Step::Buffer
+        }
+    } else if u.cp.applied < u.cp.chunks {
+        Step::Apply(u.cp.applied)
+    } else if u.cp.finished {
         Step::Finish
     } else {
         Step::Live
@@ -174,7 +143,7 @@ fn infos(shards: &[ShardUnit]) -> Vec<ShardInfo> {
         .map(|s| ShardInfo {
             id: s.id.clone(),
             parent: s.parent.clone(),
-            closed: s.finished,
+            closed: s.cp.finished,
         })
         .collect()
 }
@@ -188,9 +157,9 @@ pub fn may_take(shards: &[ShardUnit]) -> Vec<String> {
     let by_id: HashMap<&str, &ShardUnit> = shards.iter().map(|s| (s.id.as_str(), s)).collect();
     shards
         .iter()
-        .filter(|s| !s.done)
+        .filter(|s| !s.cp.done)
         .filter(|s| match s.parent.as_deref().and_then(|p| by_id.get(p)) {
-            Some(parent) => parent.finished,
+            Some(parent) => parent.cp.finished,
             None => true,
         })
         .map(|s| s.id.clone())
@@ -202,7 +171,7 @@ pub fn may_take(shards: &[ShardUnit]) -> Vec<String> {
 pub fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
     let done: HashSet<String> = shards
         .iter()
-        .filter(|s| s.done)
+        .filter(|s| s.cp.done)
         .map(|s| s.id.clone())
         .collect();
     ready_shards(&infos(shards), &done).iter().any(|r| r == id)
@@ -214,18 +183,18 @@ pub fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
 pub fn fleet_through(shards: &[ShardUnit], now: f64) -> (Option<f64>, Option<f64>) {
     let open: Vec<&str> = shards
         .iter()
-        .filter(|s| !s.done && s.live)
+        .filter(|s| !s.cp.done && s.cp.live)
         .map(|s| s.id.as_str())
         .collect();
-    let waiting = shards.iter().filter(|s| !s.done && !s.live).count();
+    let waiting = shards.iter().filter(|s| !s.cp.done && !s.cp.live).count();
     let progress: HashMap<String, ShardProgress> = shards
         .iter()
         .map(|s| {
             (
                 s.id.clone(),
                 ShardProgress {
-                    record_at: s.record_at,
-                    empty_read_at: s.empty_read_at,
+                    record_at: s.cp.record_at,
+                    empty_read_at: s.cp.empty_read_at,
                 },
             )
         })
@@ -383,12 +352,15 @@ impl Fleet {
     /// Commits `c` for `shard` under `lease`, if the lease is still this
     /// worker's and the checkpoint is still `was` (its chunk count and
     /// cursor): the fence. Refused: the lease is gone and nothing moved.
+    /// `applies`: the commit covers writes to the target (the first such
+    /// commit records `first_apply_ms`).
     pub async fn commit_shard(
         &self,
         shard: &str,
         lease: u64,
-        was: &ShardCommit,
-        c: &ShardCommit,
+        was: &ShardCheckpoint,
+        c: &ShardCheckpoint,
+        applies: bool,
     ) -> Result<Cond, FleetError> {
         let now = wall_ms();
         let mut update = String::from(
@@ -423,7 +395,7 @@ impl Fleet {
                 values.push((placeholder(name), v));
             }
         }
-        if c.applies {
+        if applies {
             update.push_str(", #first_apply_ms = if_not_exists(#first_apply_ms, :now)");
             names.push("first_apply_ms");
             values.push((":now", n(now)));
@@ -462,14 +434,16 @@ pub(super) fn shard_of(it: &Item) -> ShardUnit {
         lease: num(it, "lease"),
         beat: num(it, "beat"),
         page: num(it, "page"),
-        seq: text(it, "seq").map(str::to_string),
-        chunks: num(it, "chunks"),
-        applied: num(it, "applied"),
-        finished: b("finished"),
-        live: b("live"),
-        done: b("done"),
-        record_at: f("record_at"),
-        empty_read_at: f("empty_read_at"),
+        cp: ShardCheckpoint {
+            seq: text(it, "seq").map(str::to_string),
+            chunks: num(it, "chunks"),
+            applied: num(it, "applied"),
+            finished: b("finished"),
+            live: b("live"),
+            done: b("done"),
+            record_at: f("record_at"),
+            empty_read_at: f("empty_read_at"),
+        },
         first_apply_ms: ms("first_apply_ms"),
         done_ms: ms("done_ms"),
         grants: grants_of(it, 0),
@@ -488,14 +462,7 @@ mod tests {
             lease: 0,
             beat: 0,
             page: 0,
-            seq: None,
-            chunks: 0,
-            applied: 0,
-            finished: false,
-            live: false,
-            done: false,
-            record_at: None,
-            empty_read_at: None,
+            cp: ShardCheckpoint::default(),
             first_apply_ms: None,
             done_ms: None,
             grants: vec![],
@@ -512,12 +479,12 @@ mod tests {
         t.sort();
         assert_eq!(t, ["a", "c"], "b waits for a; c's parent was trimmed away");
         assert!(!may_apply(&all(&a), "b") && may_apply(&all(&a), "c"));
-        a.finished = true;
+        a.cp.finished = true;
         let mut t = may_take(&all(&a));
         t.sort();
         assert_eq!(t, ["a", "b", "c"], "a still has a buffer to apply");
         assert!(!may_apply(&all(&a), "b"), "not before a is done");
-        a.done = true;
+        a.cp.done = true;
         let mut t = may_take(&all(&a));
         t.sort();
         assert_eq!(t, ["b", "c"]);
@@ -529,18 +496,18 @@ mod tests {
         let mut u = shard("a", None);
         assert_eq!(step(&u, false, true), Step::Buffer);
         assert_eq!(step(&u, true, false), Step::Buffer);
-        u.chunks = 3;
-        u.applied = 1;
+        u.cp.chunks = 3;
+        u.cp.applied = 1;
         assert_eq!(step(&u, false, true), Step::Buffer);
         assert_eq!(step(&u, true, true), Step::Apply(1));
-        u.finished = true;
+        u.cp.finished = true;
         assert_eq!(step(&u, true, false), Step::Wait);
         assert_eq!(step(&u, true, true), Step::Apply(1));
-        u.applied = 3;
+        u.cp.applied = 3;
         assert_eq!(step(&u, true, true), Step::Finish);
-        u.finished = false;
+        u.cp.finished = false;
         assert_eq!(step(&u, true, true), Step::Live);
-        u.done = true;
+        u.cp.done = true;
         assert_eq!(step(&u, false, false), Step::Done);
     }
 
@@ -580,14 +547,14 @@ mod tests {
     #[test]
     fn applied_through_is_the_minimum_over_open_shards_and_waits_for_buffering_ones() {
         let mut a = shard("a", None);
-        a.live = true;
-        a.record_at = Some(100.0);
-        a.empty_read_at = Some(150.0);
+        a.cp.live = true;
+        a.cp.record_at = Some(100.0);
+        a.cp.empty_read_at = Some(150.0);
         let mut b = shard("b", None);
-        b.live = true;
-        b.record_at = Some(120.0);
+        b.cp.live = true;
+        b.cp.record_at = Some(120.0);
         let mut old = shard("old", None);
-        old.done = true;
+        old.cp.done = true;
         let (lag, through) = fleet_through(&[a.clone(), b.clone(), old.clone()], 200.0);
         assert_eq!(through, Some(120.0));
         assert_eq!(lag, Some(80.0));

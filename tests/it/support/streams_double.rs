@@ -183,3 +183,43 @@ pub async fn serve(double: Arc<Double>) -> String {
     });
     format!("http://{addr}")
 }
+
+/// The target holds exactly what `plan` makes of `finals` (the items as the
+/// stream and the backfill leave them), else the keys it holds.
+pub async fn assert_target_is(
+    env: &crate::support::TestEnv,
+    plan: &rekey::core::plan::Plan,
+    target: &str,
+    finals: &[rekey::core::value::Item],
+    what: &str,
+) {
+    let expected = crate::support::expected_target(plan, finals);
+    let actual = env.table_map(target, &["PK", "SK"]).await;
+    assert!(
+        actual == expected,
+        "{what}: {:?}",
+        actual
+            .keys()
+            .map(|k| rekey::core::value::decode_key(k))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// A streamed source of orders and a target keyed by status (one target
+/// key per status and order), with the plan: (source, target, plan path, plan).
+pub async fn status_tables(
+    env: &crate::support::TestEnv,
+) -> (String, String, std::path::PathBuf, rekey::core::plan::Plan) {
+    use crate::support::*;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_table(&target, &pk_sk()).await;
+    let (plan_path, plan) = PlanText::new(&source, &target)
+        .rule(Rule::new(
+            &[("PK", "O#{id}")],
+            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
+        ))
+        .write(env);
+    (source, target, plan_path, plan)
+}

@@ -32,7 +32,7 @@ use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::shard::ShardKey;
 use crate::state::fleet::{
-    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, live_workers,
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, live_workers, passing,
 };
 
 pub use unit::LeaseLost;
@@ -456,20 +456,6 @@ async fn report_progress(
         }),
     );
     progress.update(snap.totals().scanned, 0.0);
-}
-
-/// A failure that passes: a throttle or a transient error of an AWS call.
-/// The worker carries on (a unit it hit is given up and taken again).
-fn passing(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        let aws = c
-            .downcast_ref::<AwsError>()
-            .or(match c.downcast_ref::<FleetError>() {
-                Some(FleetError::Aws(a)) => Some(a),
-                _ => None,
-            });
-        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
-    })
 }
 
 /// Units to take now: this worker's share of those not done, free ones
