@@ -4,8 +4,9 @@
 
 LIMIT is the stand-in's limit in WCU/s (per table or per key); IDEAL_ITEMS the
 items that limit has to pass (all of them for a table limit, the hottest
-key's for a per-key one). Reads, in WORK:
-  LABEL.out                  rekey's --json report
+key's for a per-key one; `-` for a tail: the writes the stand-in acknowledged). Reads, in WORK:
+  LABEL.out                  rekey's --json report (a backfill's, or a tail's)
+  LABEL.elapsed              a tail's seconds (its report has none)
   LABEL.before.json          the stand-in's GET /stats before the run
   LABEL.after.json           ... and after (per-second windows since it started)
   state-LABEL/progress.jsonl rekey's one sample a second
@@ -45,7 +46,7 @@ def fmt(x, spec=",.0f"):
 
 
 def main():
-    work, label, limit, ideal_items = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    work, label, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
     before = json.load(open(f"{work}/{label}.before.json"))
     after = json.load(open(f"{work}/{label}.after.json"))
     try:
@@ -54,10 +55,19 @@ def main():
         print("  no report: the run failed (see above)")
         return
     samples = load_samples(f"{work}/state-{label}/progress.jsonl")
-    written = report["totals"]["written"]
-    elapsed = report["elapsed_seconds"]
-    wcu = report["consumed_wcu"]
+    if "totals" in report:
+        written = report["totals"]["written"]
+        elapsed = report["elapsed_seconds"]
+        wcu = report["consumed_wcu"]
+    else:
+        # A tail: the target writes that arrived (its report counts records
+        # applied, before a response's writes per key are reduced to the last),
+        # timed by the script; 500-byte puts and deletes, 1 WCU each.
+        written = after["written_items"] - before["written_items"]
+        elapsed = float(open(f"{work}/{label}.elapsed").read())
+        wcu = float(written)
     per_item = wcu / written if written else 1.0
+    ideal_items = float(written if sys.argv[4] == "-" else sys.argv[4])
 
     # The stand-in counts per second since it started; the run began in second `start`.
     start = int(before["uptime_seconds"])

@@ -137,12 +137,12 @@ pub async fn write_batch(
 pub async fn write_batch_paced(
     clients: &Clients,
     table: &str,
-    items: &[Item],
+    items: &[impl std::borrow::Borrow<Item>],
     control: &Control,
     max_retries: u32,
     pace: &impl Pace,
 ) -> Result<BatchResult, AwsError> {
-    let writes: Vec<Write<'_>> = items.iter().map(Write::Put).collect();
+    let writes: Vec<Write<'_>> = items.iter().map(|i| Write::Put(i.borrow())).collect();
     write_requests_paced(clients, table, &writes, control, max_retries, pace).await
 }
 

@@ -245,7 +245,7 @@ pub struct CopyArgs {
     /// Write limit for any one target partition-key value, WCU per second (a partition takes 1,000).
     #[arg(long, value_name = "WCU", default_value_t = 300)]
     pub key_write_rate: u32,
-    /// Writes in flight at once.
+    /// Write requests in flight at once, across all segments (BatchWriteItem, or UpdateItem in place).
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
     /// Rejected items, with reasons, as JSON lines (default: <state dir>/rejects.jsonl).
@@ -333,6 +333,21 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// One process of a fleet sharing units through a control table (`rekey
+/// worker`, `rekey verify --state dynamodb://…`).
+#[derive(Debug, Args)]
+pub struct FleetProcessArgs {
+    /// This process's id (default: $HOSTNAME, the process id and a random suffix).
+    #[arg(long, value_name = "ID")]
+    pub worker_id: Option<String>,
+    /// How long a lease lives without renewal; a dead process's units are taken over after it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
+    pub lease_seconds: f64,
+    /// Units (Scan segments) held at once, at most.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_units: usize,
+}
+
 /// `rekey worker`.
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
@@ -341,15 +356,8 @@ pub struct WorkerArgs {
     /// on-demand billing; the migration id defaults to the plan's target table).
     #[arg(long = "state", value_name = "URL")]
     pub fleet: String,
-    /// This worker's id (default: $HOSTNAME, the process id and a random suffix).
-    #[arg(long, value_name = "ID")]
-    pub worker_id: Option<String>,
-    /// How long a lease lives without renewal; a dead worker's units are taken over after it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
-    pub lease_seconds: f64,
-    /// Units (Scan segments) held at once, at most.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    pub max_units: usize,
+    #[command(flatten)]
+    pub process: FleetProcessArgs,
     /// Also tail the source's stream as a fleet: stream shards leased like Scan segments,
     /// buffered in the control table until the fleet's backfill is done, then applied;
     /// the worker runs on after the backfill (until stopped, or --exit-when-idle).
@@ -423,6 +431,12 @@ pub struct VerifyArgs {
     /// by the plan's inverse is exactly in the source, every source item is read back from one.
     #[arg(long)]
     pub reverse: bool,
+    /// Run as one of N verify processes sharing the work through the fleet's control table:
+    /// dynamodb://TABLE[/MIGRATION] (as `rekey worker`); the re-checks wait on `rekey tail --fleet`.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
+    #[command(flatten)]
+    pub process: FleetProcessArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -466,6 +480,10 @@ pub struct CutoverArgs {
     /// Give up on the drain barrier after this long (exit 3).
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub drain_timeout: f64,
+    /// A fleet's migration (dynamodb://TABLE[/MIGRATION]): the backfill, its rejects and the
+    /// verify are read from the control table; the tail (`rekey tail --fleet`) is this machine's.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::aws::Clients;
+use crate::aws::control::ControlTable;
 use crate::core::plan::Plan;
 use crate::phase::barrier::{self, DrainOptions};
 use crate::phase::progress::Progress;
 use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::StateStore;
+use crate::state::fleet::{Counters, Fleet, FleetRef};
 use crate::state::snapshot::{self, BackfillStatus};
 use crate::state::snapshot::{CutoverRecord, Gate, TailStatus, VerifyResult};
 
@@ -46,6 +48,21 @@ pub struct CutoverOptions {
     /// How long to keep re-checking gates that are not met before giving up.
     pub wait: Duration,
     pub drain_timeout: Duration,
+    /// `--state dynamodb://…`: the backfill, its rejects and the verify are
+    /// the fleet's, read from the control table; the tail and the drain
+    /// barrier stay this machine's (`rekey tail --fleet` runs here).
+    pub fleet: Option<FleetRef>,
+}
+
+/// What the control table says of a fleet's backfill and verify.
+#[derive(Debug, Clone, Default)]
+pub struct FleetEvidence {
+    pub at: String,
+    /// Every unit done ("backfill done"), epoch ms.
+    pub done_ms: Option<i64>,
+    pub totals: Counters,
+    /// The fleet verify started before the backfill was done: it proves nothing.
+    pub verify_before_done: bool,
 }
 
 /// What the gates look at, read from the state directory.
@@ -63,6 +80,9 @@ pub struct Evidence {
     pub tail_running: bool,
     pub verify: Option<VerifyResult>,
     pub rejects: u64,
+    /// A fleet's (`--state dynamodb://…`): backfill, rejects and verify from
+    /// the control table.
+    pub fleet: Option<FleetEvidence>,
 }
 
 impl Evidence {
@@ -90,7 +110,53 @@ impl Evidence {
             tail,
             verify: snapshot::read(&state_dir.verify_snapshot())?,
             rejects,
+            fleet: None,
         })
+    }
+
+    /// This machine's evidence (the tail, its rejects, the cutover record)
+    /// with the fleet's backfill, rejects and verify in place of the local
+    /// ones: "backfill done" from `META`, the rejects summed over the units'
+    /// counters (the workers' files are on their machines), the verify
+    /// from `VERIFY` — counted only if it started after the backfill was done.
+    pub async fn read_fleet(
+        clients: &Clients,
+        state_dir: &StateDir,
+        at: &FleetRef,
+    ) -> anyhow::Result<Evidence> {
+        let mut e = Evidence::read(state_dir)?;
+        let backfill = Fleet::open(clients, at, "cutover").read().await?;
+        let verdict = Fleet::verify(ControlTable::new(clients, &at.table), at.clone(), "cutover")
+            .verify_verdict()
+            .await?;
+        let done_ms = backfill.meta.as_ref().and_then(|m| m.done_ms);
+        let totals = backfill.totals();
+        e.backfill_done = done_ms.is_some();
+        e.backfill = None;
+        e.rejects = totals.rejected + snapshot::count_lines(&state_dir.tail_rejects())?;
+        let finished = verdict.as_ref().and_then(|v| {
+            let ms = |t: i64| chrono::DateTime::from_timestamp_millis(t).unwrap_or_default();
+            Some(VerifyResult {
+                source_table: String::new(),
+                target_table: String::new(),
+                plan_fingerprint: String::new(),
+                started_at: ms(v.started_ms),
+                finished_at: ms(v.finished_ms?),
+                clean: v.clean?,
+                sample_percent: None,
+                reverse: false,
+                counts: v.counts?,
+            })
+        });
+        let before = |v: &VerifyResult| done_ms.is_none_or(|d| v.started_at.timestamp_millis() < d);
+        e.fleet = Some(FleetEvidence {
+            at: at.display(),
+            done_ms,
+            totals,
+            verify_before_done: finished.as_ref().is_some_and(before),
+        });
+        e.verify = finished;
+        Ok(e)
     }
 }
 
@@ -114,6 +180,25 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             } else {
                 "no cutover to roll back (none recorded, or finished)".into()
             },
+        )
+    } else if let Some(f) = &e.fleet {
+        let t = &f.totals;
+        gate(
+            "backfill complete",
+            e.backfill_done,
+            format!(
+                "fleet {}: {}; {} scanned, {} written, {} rejected, {} skipped",
+                f.at,
+                if e.backfill_done {
+                    "every unit done"
+                } else {
+                    "still running"
+                },
+                t.scanned,
+                t.written,
+                t.rejected,
+                t.skipped
+            ),
         )
     } else {
         gate(
@@ -212,6 +297,11 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
         (Flow::Reverse, Some(v)) if verify.ok => {
             rollback_verify(v, e.cut_over_at).unwrap_or(verify)
         }
+        _ if e.fleet.as_ref().is_some_and(|f| f.verify_before_done) => gate(
+            "clean verify",
+            false,
+            "the fleet's verify started before its backfill was done; verify again".into(),
+        ),
         _ => verify,
     };
     let rejects = gate(
@@ -223,6 +313,9 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             (n, false) => format!(
                 "{n} in {}; fix the plan or pass --accept-rejects",
                 match e.flow {
+                    Flow::Forward if e.fleet.is_some() => {
+                        "the fleet's units (each worker's rejects file) / tail-rejects.jsonl"
+                    }
                     Flow::Forward => "rejects.jsonl / tail-rejects.jsonl",
                     Flow::Reverse => "reverse-rejects.jsonl",
                 }
@@ -326,11 +419,11 @@ async fn switch(
     let started = Instant::now();
     let mut said_postponed = false;
     let gates = loop {
-        let g = gates(
-            &Evidence::read_for(&opts.state_dir, flow)?,
-            opts,
-            chrono::Utc::now(),
-        );
+        let evidence = match (&opts.fleet, flow) {
+            (Some(at), Flow::Forward) => Evidence::read_fleet(clients, &opts.state_dir, at).await?,
+            _ => Evidence::read_for(&opts.state_dir, flow)?,
+        };
+        let g = gates(&evidence, opts, chrono::Utc::now());
         let all_ok = g.iter().all(|g| g.ok);
         let postponed = opts.postpone_file.exists();
         if all_ok && !postponed {
@@ -537,6 +630,7 @@ mod tests {
             postpone_file: PathBuf::from("s/postpone"),
             wait: Duration::ZERO,
             drain_timeout: Duration::from_secs(1),
+            fleet: None,
         }
     }
 
@@ -556,6 +650,7 @@ mod tests {
             tail_running: true,
             verify: Some(verify_result(true, now - chrono::Duration::seconds(60))),
             rejects: 0,
+            fleet: None,
         }
     }
 
@@ -688,5 +783,53 @@ mod tests {
             ..opts()
         };
         assert!(failing(&gates(&e, &accept, now)).is_empty());
+    }
+
+    #[test]
+    fn a_fleet_cutover_gates_on_the_fleets_backfill_rejects_and_a_verify_after_it() {
+        let now = chrono::Utc::now();
+        let fleet = FleetEvidence {
+            at: "dynamodb://ctl/m".into(),
+            done_ms: Some((now - chrono::Duration::seconds(120)).timestamp_millis()),
+            totals: Counters {
+                scanned: 10,
+                written: 8,
+                rejected: 2,
+                ..Default::default()
+            },
+            verify_before_done: false,
+        };
+        let e = Evidence {
+            rejects: 2,
+            fleet: Some(fleet.clone()),
+            ..ready(now)
+        };
+        let g = gates(&e, &opts(), now);
+        assert!(
+            g[0].ok && g[0].detail.contains("fleet dynamodb://ctl/m"),
+            "{g:?}"
+        );
+        assert!(
+            !g[3].ok && g[3].detail.contains("the fleet's units"),
+            "{g:?}"
+        );
+        let accepted = CutoverOptions {
+            accept_rejects: true,
+            ..opts()
+        };
+        assert!(gates(&e, &accepted, now).iter().all(|g| g.ok));
+        // A verify that started before the backfill was done proves nothing.
+        let early = Evidence {
+            fleet: Some(FleetEvidence {
+                verify_before_done: true,
+                ..fleet
+            }),
+            ..e
+        };
+        let g = gates(&early, &accepted, now);
+        assert!(
+            !g[2].ok && g[2].detail.contains("before its backfill"),
+            "{g:?}"
+        );
     }
 }

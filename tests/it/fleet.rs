@@ -11,6 +11,7 @@ use std::time::Duration;
 use md5::{Digest, Md5};
 use rekey::aws::control::ControlTable;
 use rekey::core::value::Item;
+use rekey::phase::verify::{TailWait, wait_for_fleet_tail};
 use rekey::state::StateDir;
 use rekey::state::fleet::{Fleet, FleetError, FleetRef, Snapshot, committed_lease};
 
@@ -125,6 +126,40 @@ async fn fleet_tail(env: &TestEnv, plan: &str, state: &Path, url: &str) -> Child
     tail
 }
 
+/// `rekey worker PLAN --state URL --worker-id W` with the tests' lease, its
+/// own state directory (`state-W`) and `--json`, then `extra`.
+fn spawn_worker(env: &TestEnv, plan: &str, url: &str, w: &str, extra: &[&str]) -> Child {
+    spawn_process(env, "worker", plan, url, w, extra)
+}
+
+/// One process of a fleet: `rekey CMD PLAN --state URL --worker-id W`, as
+/// [`spawn_worker`].
+fn spawn_process(
+    env: &TestEnv,
+    cmd: &str,
+    plan: &str,
+    url: &str,
+    w: &str,
+    extra: &[&str],
+) -> Child {
+    let local = env.dir.path().join(format!("state-{cmd}-{w}"));
+    let mut args = vec![
+        cmd,
+        plan,
+        "--state",
+        url,
+        "--worker-id",
+        w,
+        "--lease-seconds",
+        LEASE_SECONDS,
+        "--state-dir",
+        local.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    env.spawn(&args)
+}
+
 pub(crate) fn kill_9(child: &mut Child) {
     child.kill().unwrap();
     child.wait().unwrap();
@@ -156,30 +191,24 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
 
     let dir = env.dir.path().to_path_buf();
     let rejects = |w: &str| dir.join(format!("rejects-{w}.jsonl"));
+    let segments = SEGMENTS.to_string();
     let start = |w: &str| {
         let r = rejects(w);
-        let local = dir.join(format!("state-{w}"));
-        env.spawn(&[
-            "worker",
-            plan_s,
-            "--state",
-            &url,
-            "--worker-id",
-            w,
+        let extra = [
             "--segments",
-            &SEGMENTS.to_string(),
+            &segments,
             "--page-size",
             "40",
-            "--lease-seconds",
-            LEASE_SECONDS,
             "--max-units",
             "4",
-            "--rejects",
-            r.to_str().unwrap(),
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+        ];
+        spawn_worker(
+            &env,
+            plan_s,
+            &url,
+            w,
+            &[&extra[..], &["--rejects", r.to_str().unwrap()]].concat(),
+        )
     };
     let app = writer(&env, source.clone(), 2000, 1500, Rng::from_time().next());
     let fleet_run = async {
@@ -473,26 +502,14 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     // The tail captures first, from before any worker reads.
     let tail = fleet_tail(&env, plan_s, &state, &url).await;
 
-    let dir = env.dir.path().to_path_buf();
     let start = |w: &str| {
-        let local = dir.join(format!("state-{w}"));
-        env.spawn(&[
-            "worker",
+        spawn_worker(
+            &env,
             plan_s,
-            "--state",
             &url,
-            "--worker-id",
             w,
-            "--segments",
-            "8",
-            "--page-size",
-            "40",
-            "--lease-seconds",
-            LEASE_SECONDS,
-            "--state-dir",
-            local.to_str().unwrap(),
-            "--json",
-        ])
+            &["--segments", "8", "--page-size", "40"],
+        )
     };
     let app = writer(&env, source.clone(), 1500, 800, Rng::from_time().next());
     let fleet_run = async {
@@ -504,6 +521,22 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
         outs
     };
     let (_, outs) = tokio::join!(app, fleet_run);
+    // The tail publishes its progress in the control table (`TAIL`): the
+    // fleet's verify waits on it there. It reaches past the backfill's end.
+    let done_ms = snapshot(&fleet).await.meta.unwrap().done_ms.unwrap();
+    poll_until_async(
+        "the fleet's TAIL item past the backfill's end",
+        Duration::from_secs(60),
+        || async {
+            let through = chrono::DateTime::from_timestamp_millis(done_ms).unwrap();
+            let quick = Duration::from_millis(10);
+            wait_for_fleet_tail(&fleet, through, quick, Duration::from_secs(30)).await
+                == TailWait::CaughtUp
+        },
+    )
+    .await;
+    let mark = fleet.applied_through().await.unwrap().unwrap();
+    assert!(mark.updated_ms >= done_ms, "{mark:?}");
     let mut requests = 0;
     for (id, out) in &outs {
         assert!(out.status.success(), "{id}: {}", stderr(out));
@@ -514,6 +547,14 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     }
     let out = wait_output(tail).await;
     assert!(out.status.success(), "tail: {}", stderr(&out));
+    let last = fleet.applied_through().await.unwrap().unwrap();
+    assert!(
+        last.stopped,
+        "the tail's last mark says it stopped: {last:?}"
+    );
+    let through = chrono::DateTime::from_timestamp_millis(done_ms).unwrap();
+    let wait = wait_for_fleet_tail(&fleet, through, Duration::ZERO, Duration::from_secs(30));
+    assert_eq!(wait.await, TailWait::NoTail, "a stopped tail is no tail");
 
     assert_eq!(
         target_vs_transform(&env, &plan, &source, &target).await,
@@ -540,4 +581,296 @@ async fn an_injective_plan_claims_nothing_in_the_control_table_and_converges_exa
     // The workers counted what they asked of the control table: at least
     // one commit per unit, and a read to find it.
     assert!(requests >= 2 * 8, "{requests} control-table requests");
+}
+
+/// Re-balancing: a worker alone takes every unit (`--max-units 16`); a second
+/// joins, and the first hands units back at page boundaries until each holds
+/// its share — both do work, the grant history shows the hand-over (a lease
+/// of `a` released, the next one `b`'s), and the target is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_alone_hands_units_back_when_a_second_joins() {
+    const SEGMENTS: u8 = 16;
+    let Orders {
+        env,
+        target,
+        source,
+        plan,
+        plan_path,
+        ..
+    } = Orders::start(seed(2000)).await;
+    let (fleet, url, _) = control_table(&env, "rebal");
+    let plan_s = plan_path.to_str().unwrap();
+    let segments = SEGMENTS.to_string();
+    let start = |w: &str| {
+        let extra = [
+            "--segments",
+            &segments,
+            "--page-size",
+            "25",
+            "--write-rate",
+            "100",
+        ];
+        spawn_worker(
+            &env,
+            plan_s,
+            &url,
+            w,
+            &[&extra[..], &["--max-units", "16"]].concat(),
+        )
+    };
+    let a = start("a");
+    wait_for(&fleet, "a to hold every unit and commit a page", |s| {
+        s.units.len() == SEGMENTS as usize
+            && s.units.iter().all(|u| u.owner.as_deref() == Some("a"))
+            && has_committed(s, "a")
+    })
+    .await;
+    let b = start("b");
+    let (out_a, out_b) = tokio::join!(wait_output(a), wait_output(b));
+    for (id, out) in [("a", &out_a), ("b", &out_b)] {
+        assert!(out.status.success(), "{id}: {}", stderr(out));
+    }
+    let (ra, rb) = (report(&out_a), report(&out_b));
+    let handed: Vec<u64> = ra["units_handed_back"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(!handed.is_empty(), "a handed units back: {ra}");
+    assert!(
+        rb["this_worker"]["scanned"].as_u64().unwrap() > 0,
+        "b worked: {rb}"
+    );
+    assert!(
+        ra["this_worker"]["scanned"].as_u64().unwrap() > 0,
+        "a worked: {ra}"
+    );
+
+    let s = snapshot(&fleet).await;
+    assert!(s.all_done());
+    // The hand-over in the grants: a lease of `a` released, the next `b`'s,
+    // starting where `a` committed.
+    let mut handovers = 0;
+    for &u in &handed {
+        let mut gs: Vec<_> = s.grants.iter().filter(|g| g.unit == u as u32).collect();
+        gs.sort_by_key(|g| g.lease);
+        handovers += gs
+            .windows(2)
+            .filter(|p| p[0].owner == "a" && p[0].released && p[1].owner == "b")
+            .filter(|p| p[1].granted_ms >= p[0].until_ms)
+            .count();
+    }
+    assert!(handovers >= 1, "{:?}", s.grants);
+    // No ping-pong: each unit changed hands at most twice.
+    for u in &s.units {
+        assert!(u.lease <= 3, "unit {} leased {} times", u.n, u.lease);
+    }
+    let t = s.totals();
+    assert_eq!(t.scanned, 2000, "{t:?}");
+    assert_eq!(t.written, 2000, "{t:?}");
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0)
+    );
+}
+
+/// Three `rekey verify --state` processes share one verify (forward and
+/// orphan units); one is killed -9 once it has committed a page of a unit it
+/// still holds, and the two others take its units over. Each survivor
+/// reports the fleet's verdict; its counts are the single-machine verify's
+/// on the same tables.
+async fn fleet_verify(s: &crate::verify::Setup, migration: &str) -> Vec<serde_json::Value> {
+    let ctl = s.env.table_name("ctl");
+    let url = format!("dynamodb://{ctl}/{migration}");
+    let at = FleetRef::parse(&url, "unused").unwrap();
+    let fleet = Fleet::verify(ControlTable::new(&s.env.clients, &ctl), at, "test");
+    let start = |w: &str| {
+        let extra = ["--segments", "6", "--page-size", "10", "--read-rate", "20"];
+        let extra = [&extra[..], &["--target-read-rate", "20"]].concat();
+        spawn_process(&s.env, "verify", &s.plan_s, &url, w, &extra)
+    };
+    let mut v1 = start("v1");
+    let (v2, v3) = (start("v2"), start("v3"));
+    wait_for(&fleet, "v1 to commit a page of a unit it holds", |s| {
+        has_committed(s, "v1")
+    })
+    .await;
+    kill_9(&mut v1);
+    let (o2, o3) = tokio::join!(wait_output(v2), wait_output(v3));
+    let snap = snapshot(&fleet).await;
+    assert_eq!(snap.units.len(), 12, "6 forward and 6 orphan units");
+    assert!(snap.all_done());
+    check_grants_ordered(&snap);
+    assert!(
+        snap.grants.iter().any(|g| g.owner == "v1" && !g.released),
+        "v1 died holding a lease"
+    );
+    let verdict = fleet.verify_verdict().await.unwrap().unwrap();
+    assert!(
+        verdict.finished_ms.unwrap() >= verdict.started_ms,
+        "{verdict:?}"
+    );
+    let mut reports = Vec::new();
+    for (id, out) in [("v2", o2), ("v3", o3)] {
+        let r = report(&out);
+        assert_eq!(r["clean"].as_bool(), verdict.clean, "{id}: {r}");
+        assert_eq!(
+            out.status.code(),
+            Some(if r["clean"] == true { 0 } else { 4 }),
+            "{id}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            serde_json::to_value(verdict.counts.unwrap()).unwrap(),
+            r["counts"],
+            "{id}"
+        );
+        reports.push(r);
+    }
+    reports
+}
+
+/// No two leases of a unit overlap (a takeover waits out the lease).
+fn check_grants_ordered(s: &Snapshot) {
+    for u in &s.units {
+        let mut gs: Vec<_> = s.grants.iter().filter(|g| g.unit == u.n).collect();
+        gs.sort_by_key(|g| g.lease);
+        for p in gs.windows(2) {
+            assert!(p[1].granted_ms >= p[0].until_ms, "unit {}: {p:?}", u.n);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_verify_processes_one_killed_agree_with_one_machine_clean_and_corrupted() {
+    let s = crate::verify::setup(400, true).await;
+    let one = |s: &crate::verify::Setup| {
+        let out = s.env.rekey(&s.verify_args(&["--json", "--restart"]));
+        (out.status.code(), report(&out))
+    };
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(0), "{local}");
+    let fleet = fleet_verify(&s, "clean").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        assert_eq!(r["clean"], true);
+    }
+
+    let secrets = crate::verify::corrupt(&s, true).await;
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(4), "{local}");
+    let fleet = fleet_verify(&s, "corrupted").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        let c = &r["counts"];
+        assert_eq!(
+            (&c["different"], &c["missing"], &c["orphans"]),
+            (&1.into(), &1.into(), &1.into()),
+            "{c}"
+        );
+        // The differences, from the units' samples, each once; no key values.
+        let kinds: BTreeSet<&str> = r["examples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["different", "missing", "orphan"].into());
+        assert_eq!(r["examples"].as_array().unwrap().len(), 3, "{r}");
+        for secret in secrets {
+            assert!(!r.to_string().contains(secret), "{r}");
+        }
+    }
+}
+
+/// `rekey cutover --state`: on the machine of `rekey tail --fleet`, the
+/// gates read the fleet's backfill and verify from the control table (a
+/// worker's backfill; no verify yet: refused, exit 3), then cut over once a
+/// fleet verify started after the backfill was done is clean; the drain
+/// barrier goes through the local tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_cutover_gates_on_the_fleets_backfill_and_verify() {
+    let Orders {
+        env,
+        source,
+        target,
+        state,
+        ..
+    } = Orders::start(seed(300)).await;
+    let (plan_path, plan) = orders_by_status(&source, &target)
+        .source_key_prefix("src_")
+        .write(&env);
+    let plan_s = plan_path.to_str().unwrap();
+    let (fleet, url, _) = control_table(&env, "cut");
+    let state_s = state.to_str().unwrap();
+    let mut tail = env.spawn(&["tail", plan_s, "--state-dir", state_s, "--fleet", &url]);
+    let tail_status = StateDir::new(&state).tail_snapshot();
+    poll_until("the tail's first status", Duration::from_secs(60), || {
+        tail_status.exists()
+    })
+    .await;
+    let out = wait_output(spawn_worker(&env, plan_s, &url, "w1", &["--segments", "4"])).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cutover = || {
+        env.rekey(&[
+            "cutover",
+            plan_s,
+            "--state-dir",
+            state_s,
+            "--state",
+            &url,
+            "--wait",
+            "20",
+            "--json",
+        ])
+    };
+    // No fleet verify yet: the verify gate holds it (the backfill's is met).
+    let out = env.rekey(&[
+        "cutover",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--state",
+        &url,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gate = |r: &serde_json::Value, name: &str| {
+        r["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let b = gate(&r, "backfill complete");
+    assert_eq!(b["ok"], true, "{r}");
+    assert!(
+        b["detail"].as_str().unwrap().contains("every unit done"),
+        "{r}"
+    );
+    assert_eq!(gate(&r, "clean verify")["ok"], false, "{r}");
+
+    let out = wait_output(spawn_process(&env, "verify", plan_s, &url, "v1", &[])).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done_ms = snapshot(&fleet).await.meta.unwrap().done_ms.unwrap();
+    let verdict = Fleet::verify(fleet.control.clone(), fleet.at.clone(), "test")
+        .verify_verdict()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        verdict.started_ms >= done_ms && verdict.clean == Some(true),
+        "{verdict:?}"
+    );
+
+    cut_over(&cutover());
+    kill_9(&mut tail);
+    assert_eq!(
+        target_vs_transform(&env, &plan, &source, &target).await,
+        (0, 0, 0)
+    );
 }

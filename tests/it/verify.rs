@@ -23,18 +23,20 @@ fn workload(n: usize) -> Vec<Item> {
     with_collisions_and_unmatched((0..n).map(order).collect())
 }
 
-struct Setup {
-    env: TestEnv,
+pub(crate) struct Setup {
+    pub(crate) env: TestEnv,
     source: String,
-    target: String,
+    pub(crate) target: String,
     plan: Plan,
-    plan_s: String,
+    pub(crate) plan_s: String,
     state: std::path::PathBuf,
     state_s: String,
     n: usize,
 }
 
-async fn setup(n: usize, prefix: bool) -> Setup {
+/// `n` orders (and the workload's collisions and unmatched items),
+/// backfilled on one machine; `prefix`: the plan keeps the source key.
+pub(crate) async fn setup(n: usize, prefix: bool) -> Setup {
     let env = TestEnv::start().await;
     let source = env.table_name("src");
     let target = env.table_name("dst");
@@ -70,13 +72,13 @@ impl Setup {
         self.env.rekey(&all)
     }
 
-    fn verify_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+    pub(crate) fn verify_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
         let mut v = vec!["verify", self.plan_s.as_str(), "--state-dir", &self.state_s];
         v.extend_from_slice(extra);
         v
     }
 
-    fn target_key(&self, source_item: &Item) -> Item {
+    pub(crate) fn target_key(&self, source_item: &Item) -> Item {
         let Outcome::Put { item, .. } = transform(&self.plan, source_item) else {
             panic!("not a put")
         };
@@ -130,25 +132,9 @@ fn all_output(o: &std::process::Output) -> String {
     format!("{}{}", stdout(o), stderr(o))
 }
 
-async fn corruptions_are_found_and_repaired(prefix: bool) {
-    let s = setup(300, prefix).await;
-    let out = s.env.rekey(&s.verify_args(&["--json"]));
-    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
-    let r = report(&out);
-    assert_accounted(&r);
-    let c = counts(&r);
-    assert_eq!(n(c, "scanned"), (s.n + 17) as u64);
-    assert_eq!(n(c, "matched"), (s.n + 5) as u64);
-    assert_eq!((n(c, "rejected"), n(c, "collisions")), (12, 5));
-    assert_eq!(n(c, "target_scanned"), (s.n + 5) as u64);
-    assert_eq!(r["clean"], true);
-    let result: Json =
-        serde_json::from_str(&std::fs::read_to_string(s.state.join("verify/result.json")).unwrap())
-            .unwrap();
-    assert_eq!(result["clean"], true, "{result}");
-    assert!(result["finished_at"].as_str().unwrap().ends_with('Z'));
-
-    // Corrupt the target: a changed attribute, a deleted item, an orphan.
+/// Corrupts the target: a changed attribute (order 10), a deleted item
+/// (order 20), an orphan. The key values the output must not show.
+pub(crate) async fn corrupt(s: &Setup, prefix: bool) -> [&'static str; 3] {
     let ddb = &s.env.clients.dynamodb;
     let changed = s.target_key(&order(10));
     ddb.update_item()
@@ -175,7 +161,28 @@ async fn corruptions_are_found_and_repaired(prefix: bool) {
         item(r#"{"PK":{"S":"ORPHAN#zzz-secret"},"SK":{"S":"O#999999"}}"#)
     };
     s.env.put(&s.target, &[orphan]).await;
-    let secrets = ["O#000010", "O#000020", "ORPHAN#zzz-secret"];
+    ["O#000010", "O#000020", "ORPHAN#zzz-secret"]
+}
+
+async fn corruptions_are_found_and_repaired(prefix: bool) {
+    let s = setup(300, prefix).await;
+    let out = s.env.rekey(&s.verify_args(&["--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", all_output(&out));
+    let r = report(&out);
+    assert_accounted(&r);
+    let c = counts(&r);
+    assert_eq!(n(c, "scanned"), (s.n + 17) as u64);
+    assert_eq!(n(c, "matched"), (s.n + 5) as u64);
+    assert_eq!((n(c, "rejected"), n(c, "collisions")), (12, 5));
+    assert_eq!(n(c, "target_scanned"), (s.n + 5) as u64);
+    assert_eq!(r["clean"], true);
+    let result: Json =
+        serde_json::from_str(&std::fs::read_to_string(s.state.join("verify/result.json")).unwrap())
+            .unwrap();
+    assert_eq!(result["clean"], true, "{result}");
+    assert!(result["finished_at"].as_str().unwrap().ends_with('Z'));
+
+    let secrets = corrupt(&s, prefix).await;
 
     let out = s.env.rekey(&s.verify_args(&["--json"]));
     assert_eq!(out.status.code(), Some(4), "{}", all_output(&out));

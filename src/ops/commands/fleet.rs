@@ -70,15 +70,40 @@ pub(super) async fn tail_fleet(
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
     let mirror = {
-        let (clients, dir, stop) = (
+        let (clients, at, dir, stop) = (
             clients.clone(),
+            at.clone(),
             options.state_dir.clone(),
             options.stop.clone(),
         );
         tokio::spawn(async move { fleet::mirror_done(&clients, &at, &dir, &stop).await })
     };
+    // The tail's progress, published in the control table for the fleet's verify.
+    let marks = {
+        let (clients, at, dir, stop) = (
+            clients.clone(),
+            at.clone(),
+            options.state_dir.clone(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let token = stop.clone();
+        let task =
+            tokio::spawn(async move { fleet::publish_tail(&clients, &at, &dir, &stop).await });
+        (task, token)
+    };
     let result = tail::run(&clients, &plan, &options, &progress).await;
     mirror.abort();
+    marks.1.cancel();
+    match marks.0.await {
+        Ok(Err(e)) => {
+            tracing::warn!(error = %format!("{e:#}"), "cannot publish the tail's progress")
+        }
+        Err(e) => tracing::warn!(error = %e, "the tail's progress publisher failed"),
+        Ok(Ok(())) => {}
+    }
+    if let Err(e) = fleet::publish_final(&clients, &at, &options.state_dir).await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot publish the tail's last progress");
+    }
     let report = result?;
     print_done(c, &report, |r| {
         format!(

@@ -54,6 +54,7 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Worker(cmd) => fleet::worker(c, cmd).await,
         Command::FleetStatus(cmd) => fleet::status(c, cmd).await,
         Command::Verify(cmd) => verify::verify(c, cmd).await,
+        Command::FleetVerify(cmd) => verify::fleet_verify(c, cmd).await,
         Command::Run(cmd) => run::run(c, cmd).await,
         Command::Drain(cmd) => switch::drain(c, cmd).await,
         Command::Cutover(cmd) => switch::cutover(c, cmd).await,

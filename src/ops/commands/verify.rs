@@ -8,6 +8,7 @@ use crate::ops::cli::exit;
 use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::ops::redact::PlanRedactor;
+use crate::phase::verify::fleet::FleetVerifyOptions;
 use crate::phase::verify::inplace::{self as in_place, InPlaceVerifyReport};
 use crate::phase::verify::{self, VerifyOptions};
 
@@ -30,6 +31,25 @@ pub(super) async fn verify(c: &Common, cmd: Planned<VerifyOptions>) -> anyhow::R
         report.ok()
     };
     Ok(if clean { exit::OK } else { exit::DIFFERENCES })
+}
+
+/// `rekey verify --state dynamodb://…`: this process's share, then the
+/// fleet's verdict, reported as a verify on one machine is.
+pub(super) async fn fleet_verify(
+    c: &Common,
+    cmd: Planned<FleetVerifyOptions>,
+) -> anyhow::Result<i32> {
+    let Planned { plan, options } = cmd;
+    let clients = connect(c).await?;
+    let progress = progress::new(c.output.progress);
+    let mut report = verify::fleet::run_fleet(&clients, &plan, &options, &progress).await?;
+    PlanRedactor::new(&plan, c.output.redactor).verify(&mut report);
+    print_done(c, &report, verify::render)?;
+    Ok(if report.ok() {
+        exit::OK
+    } else {
+        exit::DIFFERENCES
+    })
 }
 
 fn in_place_text(report: &InPlaceVerifyReport) -> String {

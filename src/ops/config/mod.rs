@@ -34,6 +34,7 @@ use crate::phase::suggest::{self, SuggestRun};
 use crate::phase::tail::fleet::FleetTailOptions;
 use crate::phase::tail::{Flow, TailOptions};
 use crate::phase::verify::VerifyOptions;
+use crate::phase::verify::fleet::FleetVerifyOptions;
 use crate::state::StateDir;
 use crate::state::fleet::FleetRef;
 
@@ -111,6 +112,8 @@ pub enum Command {
     /// `rekey status --state dynamodb://…`: the fleet's control table.
     FleetStatus(Planned<FleetRef>),
     Verify(Planned<VerifyOptions>),
+    /// `rekey verify --state dynamodb://…`: one of the fleet's verify processes.
+    FleetVerify(Planned<FleetVerifyOptions>),
     Run(Planned<RunOptions>),
     Drain(Planned<DrainOptions>),
     Cutover(Planned<CutoverOptions>),
@@ -182,6 +185,7 @@ impl Command {
                 }
             }
             Command::Verify(p) => p.options.stop = stop.clone(),
+            Command::FleetVerify(p) => p.options.verify.stop = stop.clone(),
             Command::Run(p) => {
                 let o = &mut p.options;
                 o.stop = stop.clone();
@@ -278,14 +282,11 @@ fn command_and_output(
         C::Tail(a) => (tail(&a, Flow::Forward)?, output(a.json, true)),
         C::Worker(a) => (worker(&a, env)?, output(a.json, true)),
         C::Reverse(a) => (tail(&a, Flow::Reverse)?, output(a.json, true)),
-        C::Verify(a) => (verify(&a)?, output(a.json, true)),
+        C::Verify(a) => (verify(&a, env)?, output(a.json, true)),
         C::Run(a) => (run(&a)?, output(a.json, true)),
         C::Drain(a) => (drain(&a)?, no_progress(a.json)),
         C::Cutover(a) => (cutover(&a)?, output(a.json, false)),
-        C::Rollback(a) => (
-            Command::Rollback(switch_options(&a)?),
-            output(a.json, false),
-        ),
+        C::Rollback(a) => (rollback(&a)?, output(a.json, false)),
         C::Finish(a) => (finish(&a)?, no_progress(a.json)),
         C::Query(a) => (query::query(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
@@ -498,7 +499,7 @@ fn tail(a: &cli::TailArgs, flow: Flow) -> anyhow::Result<Command> {
     }
 }
 
-fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
+fn verify(a: &cli::VerifyArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Command> {
     let plan = Plan::load(&a.plan)?;
     if let Some(p) = a.sample
         && !(p > 0.0 && p <= 100.0)
@@ -518,6 +519,17 @@ fn verify(a: &cli::VerifyArgs) -> anyhow::Result<Command> {
         reverse: a.reverse,
         ..verify_options(&state_dir, &a.scan, a.recheck_timeout)?
     };
+    if let Some(url) = &a.fleet {
+        let (worker_id, lease, max_units) = fleet_process(&a.process, env)?;
+        let options = FleetVerifyOptions {
+            verify: options,
+            fleet: fleet_ref(url, &plan)?,
+            worker_id,
+            lease,
+            max_units,
+        };
+        return Ok(Command::FleetVerify(Planned { plan, options }));
+    }
     if a.reverse && plan.mode == crate::core::plan::Mode::InPlace {
         return Err(InputError(
             "--reverse: an in-place plan has no second table to read back".into(),
@@ -573,7 +585,23 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
 }
 
 fn cutover(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
-    Ok(Command::Cutover(switch_options(a)?))
+    let mut planned = switch_options(a)?;
+    if let Some(url) = &a.fleet {
+        planned.options.fleet = Some(fleet_ref(url, &planned.plan)?);
+    }
+    Ok(Command::Cutover(planned))
+}
+
+/// A rollback reads this machine's reverse tail and its evidence only.
+fn rollback(a: &cli::CutoverArgs) -> anyhow::Result<Command> {
+    if a.fleet.is_some() {
+        return Err(InputError(
+            "rekey rollback --state: a rollback reads this machine's reverse tail and verify; drop --state"
+                .into(),
+        )
+        .into());
+    }
+    Ok(Command::Rollback(switch_options(a)?))
 }
 
 /// `cutover` and `rollback` take the same options.
@@ -591,6 +619,7 @@ fn switch_options(a: &cli::CutoverArgs) -> anyhow::Result<Planned<CutoverOptions
         accept_rejects: a.accept_rejects,
         wait: seconds("--wait", a.wait)?,
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+        fleet: None,
     };
     Ok(Planned { plan, options })
 }
@@ -625,6 +654,41 @@ fn fleet_ref(url: &str, plan: &Plan) -> Result<FleetRef, InputError> {
 fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Command> {
     let plan = Plan::load(&a.plan)?;
     let fleet = fleet_ref(&a.fleet, &plan)?;
+    let (worker_id, lease, max_units) = fleet_process(&a.process, env)?;
+    let state_dir = state_dir(&a.plan, &a.state);
+    let mut backfill = backfill_options(&a.copy, state_dir.clone(), false);
+    if a.copy.rejects.is_none() {
+        backfill.rejects = state_dir.worker_rejects(&worker_id);
+    }
+    let tail = match a.tail {
+        false => None,
+        true => Some(FleetTailOptions {
+            max_shards: max_units,
+            exit_when_idle: a
+                .exit_when_idle
+                .map(|s| seconds("--exit-when-idle", s))
+                .transpose()?,
+            poll: tail_options(&state_dir).poll_interval,
+            rejects: state_dir.worker_tail_rejects(&worker_id),
+            stop: backfill.stop.child_token(),
+        }),
+    };
+    let options = WorkerOptions {
+        backfill,
+        fleet,
+        worker_id,
+        lease,
+        max_units,
+        tail,
+    };
+    Ok(Command::Worker(Planned { plan, options }))
+}
+
+/// One process of a fleet: its id, its lease duration, its units at most.
+fn fleet_process(
+    a: &cli::FleetProcessArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(String, Duration, usize)> {
     let lease = seconds("--lease-seconds", a.lease_seconds)?;
     if lease < Duration::from_secs(1) {
         return Err(InputError("--lease-seconds: give 1 second or more".into()).into());
@@ -642,33 +706,7 @@ fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
         }
         None => default_worker_id(env),
     };
-    let state_dir = state_dir(&a.plan, &a.state);
-    let mut backfill = backfill_options(&a.copy, state_dir.clone(), false);
-    if a.copy.rejects.is_none() {
-        backfill.rejects = state_dir.worker_rejects(&worker_id);
-    }
-    let tail = match a.tail {
-        false => None,
-        true => Some(FleetTailOptions {
-            max_shards: a.max_units,
-            exit_when_idle: a
-                .exit_when_idle
-                .map(|s| seconds("--exit-when-idle", s))
-                .transpose()?,
-            poll: tail_options(&state_dir).poll_interval,
-            rejects: state_dir.worker_tail_rejects(&worker_id),
-            stop: backfill.stop.child_token(),
-        }),
-    };
-    let options = WorkerOptions {
-        backfill,
-        fleet,
-        worker_id,
-        lease,
-        max_units: a.max_units,
-        tail,
-    };
-    Ok(Command::Worker(Planned { plan, options }))
+    Ok((worker_id, lease, a.max_units))
 }
 
 /// `$HOSTNAME` (a pod's name under Kubernetes), the process id, and a

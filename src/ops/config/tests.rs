@@ -45,6 +45,7 @@ fn options(c: &Command) -> String {
         Command::Worker(p) => format!("{:?}", p.options),
         Command::FleetStatus(p) => format!("{:?}", p.options),
         Command::Verify(p) => format!("{:?}", p.options),
+        Command::FleetVerify(p) => format!("{:?}", p.options),
         Command::Run(p) => format!("{:?}", p.options),
         Command::Drain(p) => format!("{:?}", p.options),
         Command::Cutover(p) | Command::Rollback(p) => format!("{:?}", p.options),
@@ -167,6 +168,7 @@ fn cutover_defaults() -> CutoverOptions {
         postpone_file: state().postpone(),
         wait: secs(0),
         drain_timeout: secs(300),
+        fleet: None,
     }
 }
 
@@ -748,6 +750,50 @@ fn worker_takes_the_backfills_options_and_the_fleets() {
     assert!(!o.backfill.stop.is_cancelled());
     c.common.stop.cancel();
     assert!(o.backfill.stop.is_cancelled());
+}
+
+#[test]
+fn verify_and_cutover_with_state_read_the_fleet_rollback_refuses_it() {
+    let cli = Cli::try_parse_from([
+        "rekey",
+        "verify",
+        PLAN,
+        "--state",
+        "dynamodb://ctl/m1",
+        "--worker-id",
+        "v1",
+        "--lease-seconds",
+        "6",
+        "--max-units",
+        "3",
+    ])
+    .unwrap();
+    let c = Config::from_args(cli, &env).unwrap();
+    let Command::FleetVerify(p) = &c.command else {
+        panic!("{:?}", c.command)
+    };
+    let o = &p.options;
+    assert_eq!(o.fleet.migration, "m1");
+    assert_eq!(
+        (o.worker_id.as_str(), o.lease, o.max_units),
+        ("v1", secs(6), 3)
+    );
+    c.common.stop.cancel();
+    assert!(o.verify.stop.is_cancelled());
+    let cli = Cli::try_parse_from(["rekey", "cutover", PLAN, "--state", "dynamodb://ctl"]).unwrap();
+    let c = Config::from_args(cli, &env).unwrap();
+    let Command::Cutover(p) = &c.command else {
+        panic!()
+    };
+    let at = p.options.fleet.as_ref().unwrap();
+    assert_eq!(
+        (at.table.as_str(), at.migration.as_str()),
+        ("ctl", p.plan.target_table.as_str())
+    );
+    let cli =
+        Cli::try_parse_from(["rekey", "rollback", PLAN, "--state", "dynamodb://ctl"]).unwrap();
+    let e = Config::from_args(cli, &env).unwrap_err().to_string();
+    assert!(e.contains("drop --state"), "{e}");
 }
 
 #[test]

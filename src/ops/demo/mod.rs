@@ -317,6 +317,7 @@ async fn switch(
         postpone_file: state_dir.postpone(),
         wait: WAIT,
         drain_timeout: WAIT,
+        fleet: None,
     };
     let cut = cutover::cutover(clients, plan, &opts, progress).await?;
     let Some(record) = cut.record.filter(|_| cut.cut_over) else {

@@ -61,7 +61,9 @@
 //! dynamodb://TABLE`), which the first worker creates on demand; the workers
 //! also read it (GetItem, Query, DescribeTable) and write it only with
 //! conditional writes (PutItem, UpdateItem). `tail --fleet` reads it with
-//! GetItem.
+//! GetItem and publishes its progress with PutItem; `verify --state` leases
+//! and commits its units there (the workers' calls but CreateTable);
+//! `cutover --state` reads it (GetItem, Query).
 
 use std::collections::BTreeSet;
 
@@ -425,8 +427,24 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
         }
     }
     if commands.contains(&Tail) {
-        // `tail --fleet` reads the fleet's "backfill done" record.
-        n.control.insert("dynamodb:GetItem");
+        // `tail --fleet` reads the fleet's "backfill done" record and
+        // publishes its progress (`TAIL`).
+        n.control.extend(["dynamodb:GetItem", "dynamodb:PutItem"]);
+    }
+    if commands.contains(&Verify) {
+        // `verify --state`: its units leased, committed and its verdict
+        // written, in a control table the workers created.
+        n.control.extend([
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:Query",
+        ]);
+    }
+    if commands.contains(&Cutover) {
+        // `cutover --state`: the fleet's backfill and its verify's verdict.
+        n.control.extend(["dynamodb:GetItem", "dynamodb:Query"]);
     }
     n
 }

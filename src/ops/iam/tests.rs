@@ -483,9 +483,26 @@ fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created(
     };
     let (m, _) = by_resource(&policy(&rekey(), &all));
     assert!(m.values().flatten().all(|a| a != "dynamodb:CreateTable"));
-    // tail --fleet reads the backfill-done record only.
+    // tail --fleet reads the backfill-done record and publishes its
+    // progress; the fleet verify leases its units; cutover reads.
     assert_eq!(
         m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&["dynamodb:GetItem"])
+        set(&[
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem"
+        ])
+    );
+    let tail = PolicyOptions {
+        commands: vec![PolicyCommand::Tail],
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &tail));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/rekey-control"],
+        set(&["dynamodb:GetItem", "dynamodb:PutItem"])
     );
 }

@@ -47,7 +47,7 @@ use crate::aws::rate::{Control, Rate, ThrottleStats};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::BATCH;
 use crate::core::plan::{Mode, Plan};
-use crate::core::transform::{Outcome, transform};
+use crate::core::transform::{Owned, Remnant, transform_owned};
 use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
 use crate::phase::error::{InputError, Stopped};
 use crate::phase::inplace::{self, Applied, Direction};
@@ -90,7 +90,7 @@ pub struct BackfillOptions {
     pub write_rate: Rate,
     /// WCU/s for any one target partition-key value.
     pub key_write_rate: u32,
-    /// Writes in flight at once.
+    /// Write requests in flight at once, across all segments and pages.
     pub concurrency: usize,
     /// Consecutive non-throttle failures of one write before the run stops.
     pub max_retries: u32,

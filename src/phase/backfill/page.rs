@@ -16,7 +16,7 @@ pub(super) async fn process_page(
     put: Put<'_>,
     ledger: &Mutex<Ledger>,
     plan: &Plan,
-    items: &[Item],
+    items: Vec<Item>,
     direction: Option<Direction>,
 ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
     if plan.mode == Mode::InPlace {
@@ -24,7 +24,7 @@ pub(super) async fn process_page(
             anyhow::bail!("in place, items are updated in the table, never imported");
         };
         let direction = direction.unwrap_or(Direction::Forward);
-        return process_page_in_place(writer, plan, items, direction).await;
+        return process_page_in_place(writer, plan, &items, direction).await;
     }
     let mut page = transform_page(plan, items);
     // Claims commit in memory now and on disk before this page's checkpoint
@@ -43,10 +43,9 @@ pub(super) async fn process_page(
         }
         None => None,
     };
-    let puts = std::mem::take(&mut page.puts);
     let refusals = match put {
-        Put::Table(writer) => writer.write(puts).await?,
-        Put::Import(sink, stream) => sink.add(ledger, plan, stream, puts).await?,
+        Put::Table(writer) => writer.write(&page.puts).await?,
+        Put::Import(sink, stream) => sink.add(ledger, plan, stream, &page.puts).await?,
     };
     let done = page.written(refusals);
     if let (Some(claims), Some(ticket)) = (&claims, ticket) {
@@ -56,38 +55,43 @@ pub(super) async fn process_page(
 }
 
 /// A page after the transform: counters of its rejects and skips, the
-/// rejects, and the target items still to write beside the source items
-/// they came from (a collision or a refusal rejects the source item). The
-/// backfill and the fleet's worker both go through it; they differ only in
-/// where target keys are claimed and how the items are written.
-pub(super) struct Transformed<'i> {
+/// rejects, and the target items still to write beside what each took from
+/// its source item (a collision or a refusal rejects the source item, given
+/// back whole by [`Remnant::restore`]). The backfill and the fleet's worker
+/// both go through it; they differ only in where target keys are claimed
+/// and how the items are written.
+pub(super) struct Transformed<'p> {
     c: Counters,
     rejects: Vec<(Item, String)>,
     pub(super) puts: Vec<Item>,
-    sources: Vec<&'i Item>,
+    remnants: Vec<Remnant<'p>>,
 }
 
-pub(super) fn transform_page<'i>(plan: &Plan, items: &'i [Item]) -> Transformed<'i> {
+/// The page's items are the page's: the target items are built from them,
+/// moved rather than copied ([`transform_owned`]).
+pub(super) fn transform_page(plan: &Plan, items: Vec<Item>) -> Transformed<'_> {
     let mut t = Transformed {
         c: Counters {
             scanned: items.len() as u64,
             ..Default::default()
         },
         rejects: Vec::new(),
-        puts: Vec::new(),
-        sources: Vec::new(),
+        puts: Vec::with_capacity(items.len()),
+        remnants: Vec::with_capacity(items.len()),
     };
     for item in items {
-        match transform(plan, item) {
-            Outcome::Put { item: out, .. } => {
+        match transform_owned(plan, item) {
+            Owned::Put {
+                item: out, remnant, ..
+            } => {
                 t.puts.push(out);
-                t.sources.push(item);
+                t.remnants.push(remnant);
             }
-            Outcome::Reject(r) => {
+            Owned::Reject(r, source) => {
                 t.c.rejected += 1;
-                t.rejects.push((item.clone(), r.to_string()));
+                t.rejects.push((source, r.to_string()));
             }
-            Outcome::Skip => t.c.skipped += 1,
+            Owned::Skip => t.c.skipped += 1,
         }
     }
     t
@@ -99,11 +103,15 @@ impl Transformed<'_> {
         let (target, source) = (plan.target_key.names(), plan.source_key.names());
         self.puts
             .iter()
-            .zip(&self.sources)
-            .map(|(out, src)| {
+            .zip(&self.remnants)
+            .map(|(out, rem)| {
+                let key: Item = source
+                    .iter()
+                    .filter_map(|n| rem.source_value(out, n).map(|v| (n.to_string(), v.clone())))
+                    .collect();
                 (
                     encode_key(out, &target).unwrap_or_default(),
-                    encode_key(src, &source).unwrap_or_default(),
+                    encode_key(&key, &source).unwrap_or_default(),
                 )
             })
             .collect()
@@ -113,17 +121,17 @@ impl Transformed<'_> {
     /// are collisions, rejected with both keys named.
     pub(super) fn keep_owned(&mut self, keys: &[Claim], owners: Owners) {
         let puts = std::mem::take(&mut self.puts);
-        let sources = std::mem::take(&mut self.sources);
-        for (((out, src), (tk, _)), owner) in puts.into_iter().zip(sources).zip(keys).zip(owners) {
+        let remnants = std::mem::take(&mut self.remnants);
+        for (((out, rem), (tk, _)), owner) in puts.into_iter().zip(remnants).zip(keys).zip(owners) {
             match owner {
                 None => {
                     self.puts.push(out);
-                    self.sources.push(src);
+                    self.remnants.push(rem);
                 }
                 Some(other) => {
                     self.c.rejected += 1;
                     self.c.collisions += 1;
-                    self.rejects.push((src.clone(), collision(tk, &other)));
+                    self.rejects.push((rem.restore(out), collision(tk, &other)));
                 }
             }
         }
@@ -135,12 +143,13 @@ impl Transformed<'_> {
         mut self,
         refusals: Vec<Option<String>>,
     ) -> (Counters, Vec<(Item, String)>) {
-        for (refused, src) in refusals.into_iter().zip(self.sources) {
+        let items = self.puts.into_iter().zip(self.remnants);
+        for (refused, (out, rem)) in refusals.into_iter().zip(items) {
             match refused {
                 None => self.c.written += 1,
                 Some(reason) => {
                     self.c.rejected += 1;
-                    self.rejects.push((src.clone(), reason));
+                    self.rejects.push((rem.restore(out), reason));
                 }
             }
         }
@@ -183,6 +192,7 @@ pub(super) async fn process_page_in_place(
                     .unwrap_or_default();
                 let _ = writer.per_key.until_key_n_ready(&pk, NonZeroU32::MIN).await;
             }
+            let _slot = writer.slot().await;
             let applied = inplace::apply(
                 &writer.clients,
                 plan,

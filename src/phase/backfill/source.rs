@@ -116,7 +116,7 @@ impl Drive<'_> {
             &scan_opts,
             starts,
             self.control.clone(),
-            move |page: Page| {
+            move |mut page: Page| {
                 let (writer, ledger, plan, consumed_rcu, live, import, stop) = (
                     writer.clone(),
                     ledger.clone(),
@@ -130,8 +130,14 @@ impl Drive<'_> {
                     *consumed_rcu.lock().await += page.consumed;
                     let stream = core_import::segment_stream(page.segment);
                     let to = put(&writer, &import, &stream);
-                    let (mut counts, rejects) =
-                        process_page(to, &ledger, &plan, &page.items, direction).await?;
+                    let (mut counts, rejects) = process_page(
+                        to,
+                        &ledger,
+                        &plan,
+                        std::mem::take(&mut page.items),
+                        direction,
+                    )
+                    .await?;
                     counts.scanned += page.unreadable;
                     counts.rejected += page.unreadable;
                     live.fetch_add(counts.scanned, Ordering::Relaxed);
@@ -225,8 +231,14 @@ impl Drive<'_> {
                 }
                 if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
                     let to = put(&self.writer, &self.import, &stream);
-                    let (mut counts, mut rejects) =
-                        process_page(to, &self.ledger, &self.plan, &page, None).await?;
+                    let (mut counts, mut rejects) = process_page(
+                        to,
+                        &self.ledger,
+                        &self.plan,
+                        std::mem::take(&mut page),
+                        None,
+                    )
+                    .await?;
                     counts.scanned += bad.len() as u64;
                     counts.rejected += bad.len() as u64;
                     rejects.append(&mut bad);

@@ -7,6 +7,7 @@
 use super::*;
 use crate::aws::rate::keys::KeyRates;
 use crate::aws::write::{Blame, Pace, blame_of, write_batch_paced};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Limited keys held at most (each a few hundred bytes).
 const MAX_LIMITED_KEYS: usize = 10_000;
@@ -28,6 +29,11 @@ pub(super) struct Writer {
     /// Adaptive rates of the keys DynamoDB throttled.
     pub(super) key_rates: KeyRates,
     pub(super) concurrency: usize,
+    /// `concurrency` requests in flight across every segment and page: each
+    /// page used to send its own `concurrency`, so 8 segments held 256
+    /// connections, each keeping a read buffer grown by the Scan pages it
+    /// carried — RSS climbed through a 10M-item run (BENCHMARKS.md (f6)).
+    slots: Semaphore,
     pub(super) max_retries: u32,
     pub(super) consumed_wcu: Mutex<f64>,
 }
@@ -57,6 +63,7 @@ impl Writer {
                 MAX_LIMITED_KEYS,
             ),
             concurrency: opts.concurrency.max(1),
+            slots: Semaphore::new(opts.concurrency.max(1)),
             max_retries: opts.max_retries,
             consumed_wcu: Mutex::new(0.0),
         }
@@ -66,8 +73,18 @@ impl Writer {
     /// target keys and paced per key: a Scan returns items clustered by the old
     /// key, and each old key fans out to few new ones. Returns, per item, None
     /// (written) or why DynamoDB refused it.
-    pub(super) async fn write(&self, items: Vec<Item>) -> anyhow::Result<Vec<Option<String>>> {
+    pub(super) async fn write(&self, items: &[Item]) -> anyhow::Result<Vec<Option<String>>> {
         self.write_fenced(items, &|| true).await
+    }
+
+    /// One of the `concurrency` requests in flight: taken after the pacing,
+    /// so a batch waiting for its keys' budget holds no connection.
+    pub(super) async fn slot(&self) -> SemaphorePermit<'_> {
+        // Never closed, so acquiring cannot fail.
+        self.slots
+            .acquire()
+            .await
+            .expect("the writer's slots are never closed")
     }
 
     /// [`Writer::write`], asking `fence` before every BatchWriteItem: once
@@ -75,19 +92,19 @@ impl Writer {
     /// the write fails with [`Fenced`].
     pub(super) async fn write_fenced(
         &self,
-        items: Vec<Item>,
+        items: &[Item],
         fence: &(dyn Fn() -> bool + Sync),
     ) -> anyhow::Result<Vec<Option<String>>> {
         let n = items.len();
-        let mut by_key: HashMap<String, Vec<(usize, Item)>> = HashMap::new();
-        for (i, it) in items.into_iter().enumerate() {
+        let mut by_key: HashMap<String, Vec<(usize, &Item)>> = HashMap::new();
+        for (i, it) in items.iter().enumerate() {
             let pk = it
                 .get(&self.pk_name)
                 .map(Value::display_text)
                 .unwrap_or_default();
             by_key.entry(pk).or_default().push((i, it));
         }
-        let mut queues: Vec<(String, std::vec::IntoIter<(usize, Item)>)> = by_key
+        let mut queues: Vec<(String, std::vec::IntoIter<(usize, &Item)>)> = by_key
             .into_iter()
             .map(|(k, v)| (k, v.into_iter()))
             .collect();
@@ -101,48 +118,17 @@ impl Writer {
                 None => false,
             });
         }
-        let mut batches: Vec<Vec<(String, usize, Item)>> = Vec::new();
+        let mut batches: Vec<Vec<(String, usize, &Item)>> = Vec::new();
         for x in order {
             match batches.last_mut() {
                 Some(b) if b.len() < BATCH => b.push(x),
                 _ => batches.push(vec![x]),
             }
         }
-        let results: Vec<anyhow::Result<Refusals>> = stream::iter(batches)
-            .map(|batch| async move {
-                let mut pks = Vec::with_capacity(batch.len());
-                let mut units = Vec::with_capacity(batch.len());
-                let mut idx = Vec::with_capacity(batch.len());
-                let mut its = Vec::with_capacity(batch.len());
-                for (pk, i, it) in batch {
-                    let wcu = write_units(item_size(&it)) as u32;
-                    let cells =
-                        NonZeroU32::new(wcu.clamp(1, self.key_burst)).unwrap_or(NonZeroU32::MIN);
-                    let _ = self.per_key.until_key_n_ready(&pk, cells).await;
-                    pks.push(pk);
-                    units.push(f64::from(wcu.max(1)));
-                    idx.push(i);
-                    its.push(it);
-                }
-                let pace = BatchPace {
-                    rates: &self.key_rates,
-                    keys: pks.iter().map(String::as_str).zip(units).collect(),
-                };
-                if !fence() {
-                    return Err(Fenced.into());
-                }
-                let r = write_batch_paced(
-                    &self.clients,
-                    &self.table,
-                    &its,
-                    &self.control,
-                    self.max_retries,
-                    &pace,
-                )
-                .await?;
-                *self.consumed_wcu.lock().await += r.consumed;
-                Ok(idx.into_iter().zip(r.refused).collect())
-            })
+        // The futures made first (lazily: none runs before it is polled), so
+        // that the stream holds no closure over the batches' borrows.
+        let sends: Vec<_> = batches.into_iter().map(|b| self.send(b, fence)).collect();
+        let results: Vec<anyhow::Result<Refusals>> = stream::iter(sends)
             .buffer_unordered(self.concurrency)
             .collect()
             .await;
@@ -153,6 +139,46 @@ impl Writer {
             }
         }
         Ok(out)
+    }
+
+    /// One batch: paced per key, then sent in one of the slots, fenced.
+    async fn send(
+        &self,
+        batch: Vec<(String, usize, &Item)>,
+        fence: &(dyn Fn() -> bool + Sync),
+    ) -> anyhow::Result<Refusals> {
+        let mut pks = Vec::with_capacity(batch.len());
+        let mut units = Vec::with_capacity(batch.len());
+        let mut idx = Vec::with_capacity(batch.len());
+        let mut its = Vec::with_capacity(batch.len());
+        for (pk, i, it) in batch {
+            let wcu = write_units(item_size(it)) as u32;
+            let cells = NonZeroU32::new(wcu.clamp(1, self.key_burst)).unwrap_or(NonZeroU32::MIN);
+            let _ = self.per_key.until_key_n_ready(&pk, cells).await;
+            pks.push(pk);
+            units.push(f64::from(wcu.max(1)));
+            idx.push(i);
+            its.push(it);
+        }
+        let pace = BatchPace {
+            rates: &self.key_rates,
+            keys: pks.iter().map(String::as_str).zip(units).collect(),
+        };
+        let _slot = self.slot().await;
+        if !fence() {
+            return Err(Fenced.into());
+        }
+        let r = write_batch_paced(
+            &self.clients,
+            &self.table,
+            &its,
+            &self.control,
+            self.max_retries,
+            &pace,
+        )
+        .await?;
+        *self.consumed_wcu.lock().await += r.consumed;
+        Ok(idx.into_iter().zip(r.refused).collect())
     }
 }
 

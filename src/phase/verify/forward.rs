@@ -56,6 +56,29 @@ pub(super) struct Expected {
 }
 
 pub(super) async fn forward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
+    let (delta, cands) = compare_forward(ctx, &page).await?;
+    let sn = ctx.src_names();
+    let mut l = ctx.ledger.lock().await;
+    let mut batch = StoreBatch::default();
+    for m in cands {
+        let sk = m
+            .source_key
+            .as_ref()
+            .and_then(|k| encode_key(k, &sn))
+            .unwrap_or_default();
+        batch.put(&format!("{CAND}{}", hex(&sk)), &m)?;
+    }
+    batch.put(&seg_key("fwd", page.segment), &seg_state(&page))?;
+    ctx.this_run.fetch_add(delta.scanned, Ordering::Relaxed);
+    l.commit(batch, &delta)
+}
+
+/// One source page compared: its counters (candidates `pending`) and the
+/// candidates, for the local ledger or a fleet unit to keep.
+pub(super) async fn compare_forward(
+    ctx: &Ctx,
+    page: &Page,
+) -> anyhow::Result<(Counts, Vec<Mismatch>)> {
     *ctx.rcu_src.lock().await += page.consumed;
     let found_at = now_ms();
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
@@ -121,8 +144,7 @@ pub(super) async fn forward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let mut l = ctx.ledger.lock().await;
-    let mut batch = StoreBatch::default();
+    let mut cands = Vec::new();
     for (i, e) in puts.into_iter().enumerate() {
         let target = got.get(&e.tk);
         let collision = if ctx.track_expected {
@@ -148,20 +170,15 @@ pub(super) async fn forward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
             None => (Kind::Missing, Vec::new()),
         };
         delta.pending += 1;
-        batch.put(
-            &format!("{CAND}{}", hex(&e.sk)),
-            &Mismatch {
-                kind,
-                suspected: None,
-                source_key: Some(e.source_key),
-                target_key: Some(key_item(&e.item, &tn)),
-                attributes,
-                reason: None,
-                found_at_ms: found_at,
-            },
-        )?;
+        cands.push(Mismatch {
+            kind,
+            suspected: None,
+            source_key: Some(e.source_key),
+            target_key: Some(key_item(&e.item, &tn)),
+            attributes,
+            reason: None,
+            found_at_ms: found_at,
+        });
     }
-    batch.put(&seg_key("fwd", page.segment), &seg_state(&page))?;
-    ctx.this_run.fetch_add(delta.scanned, Ordering::Relaxed);
-    l.commit(batch, &delta)
+    Ok((delta, cands))
 }

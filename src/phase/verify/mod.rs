@@ -61,6 +61,7 @@ use crate::state::{StateStore, StoreBatch};
 /// Keys per BatchGetItem call (DynamoDB's limit).
 use crate::aws::item::{GET_BATCH, batch_get};
 
+pub mod fleet;
 mod forward;
 pub mod inplace;
 mod ledger;
@@ -74,7 +75,7 @@ use forward::*;
 use ledger::*;
 use orphans::*;
 use recheck::*;
-pub use recheck::{TailWait, wait_for_tail};
+pub use recheck::{TailWait, wait_for_fleet_tail, wait_for_tail};
 use repair::*;
 pub use report::render;
 use report::*;
@@ -335,6 +336,9 @@ struct Ctx {
     waiting: AtomicBool,
     phase: std::sync::Mutex<Step>,
     notes: std::sync::Mutex<Vec<String>>,
+    /// A fleet verify: the re-checks wait on the fleet tail's `TAIL` item,
+    /// not on a tail's status file on this machine.
+    fleet_tail: Option<crate::state::fleet::Fleet>,
 }
 
 impl Ctx {
@@ -391,13 +395,11 @@ impl Ctx {
 
     async fn wait_tail(&self, through: DateTime<Utc>) -> TailWait {
         self.waiting.store(true, Ordering::Relaxed);
-        let w = wait_for_tail(
-            &self.opts.state_dir,
-            through,
-            self.opts.recheck_timeout,
-            self.opts.stale_after,
-        )
-        .await;
+        let (timeout, stale) = (self.opts.recheck_timeout, self.opts.stale_after);
+        let w = match &self.fleet_tail {
+            Some(f) => wait_for_fleet_tail(f, through, timeout, stale).await,
+            None => wait_for_tail(&self.opts.state_dir, through, timeout, stale).await,
+        };
         self.waiting.store(false, Ordering::Relaxed);
         match &w {
             TailWait::NoTail => self.note(
@@ -494,6 +496,7 @@ pub async fn run(
         waiting: AtomicBool::new(false),
         phase: std::sync::Mutex::new(meta.phase),
         notes: std::sync::Mutex::new(Vec::new()),
+        fleet_tail: None,
     });
 
     progress.start("verify", Some(source.item_count));

@@ -14,6 +14,33 @@ pub(super) async fn backward(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result<()
 }
 
 pub(super) async fn backward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
+    let (delta, cands) = compare_backward(ctx, &page).await?;
+    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
+    let mut l = ctx.ledger.lock().await;
+    let mut batch = StoreBatch::default();
+    for m in cands {
+        if let Some(sk) = m.source_key.as_ref().and_then(|k| encode_key(k, &sn)) {
+            // The item it names: the re-check's watch counts writes to it.
+            batch.put(&format!("{OWNER}{}", hex(&sk)), &true)?;
+        }
+        let tk = m
+            .target_key
+            .as_ref()
+            .and_then(|k| encode_key(k, &tn))
+            .unwrap_or_default();
+        batch.put(&format!("{OCAND}{}", hex(&tk)), &m)?;
+    }
+    batch.put(&seg_key("bwd", page.segment), &seg_state(&page))?;
+    l.commit(batch, &delta)
+}
+
+/// One target page judged: its counters (orphan candidates
+/// `pending_orphans`) and the candidates. Without `source_key_prefix` it
+/// reads the local index of expected keys the forward pass built.
+pub(super) async fn compare_backward(
+    ctx: &Ctx,
+    page: &Page,
+) -> anyhow::Result<(Counts, Vec<Mismatch>)> {
     *ctx.rcu_tgt.lock().await += page.consumed;
     let found_at = now_ms();
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
@@ -44,38 +71,29 @@ pub(super) async fn backward_page(ctx: &Ctx, page: Page) -> anyhow::Result<()> {
             maps_back.insert(tk, ok);
         }
     }
-    let mut l = ctx.ledger.lock().await;
-    let mut batch = StoreBatch::default();
+    let mut cands = Vec::new();
     for t in &page.items {
         let tk = encode_key(t, &tn).unwrap_or_default();
         let expected = match maps_back.get(&tk) {
             Some(ok) => *ok,
-            None => l.expected.owner(&tk)?.is_some(),
+            None => ctx.ledger.lock().await.expected.owner(&tk)?.is_some(),
         };
         if expected {
             delta.target_matched += 1;
             continue;
         }
         delta.pending_orphans += 1;
-        if let Some(sk) = kept_source_key(&ctx.plan, t).and_then(|k| encode_key(&k, &sn)) {
-            // The item it names: the re-check's watch counts writes to it.
-            batch.put(&format!("{OWNER}{}", hex(&sk)), &true)?;
-        }
-        batch.put(
-            &format!("{OCAND}{}", hex(&tk)),
-            &Mismatch {
-                kind: Kind::Orphan,
-                suspected: None,
-                source_key: kept_source_key(&ctx.plan, t),
-                target_key: Some(key_item(t, &tn)),
-                attributes: Vec::new(),
-                reason: None,
-                found_at_ms: found_at,
-            },
-        )?;
+        cands.push(Mismatch {
+            kind: Kind::Orphan,
+            suspected: None,
+            source_key: kept_source_key(&ctx.plan, t),
+            target_key: Some(key_item(t, &tn)),
+            attributes: Vec::new(),
+            reason: None,
+            found_at_ms: found_at,
+        });
     }
-    batch.put(&seg_key("bwd", page.segment), &seg_state(&page))?;
-    l.commit(batch, &delta)
+    Ok((delta, cands))
 }
 
 /// Without the prefix, the orphan re-check is a second pass over the source
@@ -144,13 +162,26 @@ pub(super) async fn recheck_orphans_all(
     ctx: &Ctx,
     watcher: Option<&Watcher>,
 ) -> anyhow::Result<()> {
-    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
-    let prefix = ctx.plan.source_key_prefix.is_some();
     loop {
         let batch = next_candidates(ctx, OCAND).await?;
         if batch.is_empty() {
             return Ok(());
         }
+        let verdicts = decide_orphans(ctx, watcher, &batch).await?;
+        commit_verdicts(ctx, batch, verdicts).await?;
+    }
+}
+
+/// The re-check of one batch of orphan candidates (key, candidate): a
+/// verdict for each, None when still undecided after the last round.
+pub(super) async fn decide_orphans(
+    ctx: &Ctx,
+    watcher: Option<&Watcher>,
+    batch: &[(String, Mismatch)],
+) -> anyhow::Result<Vec<Option<Verdict>>> {
+    let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
+    let prefix = ctx.plan.source_key_prefix.is_some();
+    {
         let mut through = batch
             .iter()
             .map(|(_, m)| m.found_at_ms)
@@ -175,7 +206,7 @@ pub(super) async fn recheck_orphans_all(
                     TailWait::CaughtUp => {}
                     TailWait::NoTail => tail = false,
                     TailWait::Behind(why) => {
-                        for (v, (_, m)) in verdicts.iter_mut().zip(&batch) {
+                        for (v, (_, m)) in verdicts.iter_mut().zip(batch) {
                             if v.is_none() {
                                 *v = Some(Verdict::Unconfirmed(m.clone(), why.clone()));
                             }
@@ -256,7 +287,7 @@ pub(super) async fn recheck_orphans_all(
                 }
             }
         }
-        commit_verdicts(ctx, batch, verdicts).await?;
+        Ok(verdicts)
     }
 }
 
@@ -273,24 +304,8 @@ async fn commit_verdicts(
         b.remove(&key);
         delta.pending_orphans = delta.pending_orphans.wrapping_sub(1);
         let id = format!("{MM}o{}", &key[OCAND.len()..]);
-        match v.unwrap_or_else(|| {
-            Verdict::Unconfirmed(
-                m,
-                "the source item kept changing during the re-check".into(),
-            )
-        }) {
-            Verdict::Resolved => {
-                delta.target_matched += 1;
-                delta.resolved += 1;
-            }
-            Verdict::Confirmed(m) => {
-                delta.orphans += 1;
-                b.put(&id, &m)?;
-            }
-            Verdict::Unconfirmed(m, why) => {
-                delta.unconfirmed_orphans += 1;
-                b.put(&id, &unconfirmed(m, why))?;
-            }
+        if let Some(m) = tally_orphan(v, m, &mut delta) {
+            b.put(&id, &m)?;
         }
     }
     ctx.ledger.lock().await.commit(b, &delta)?;

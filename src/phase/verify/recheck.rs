@@ -36,6 +36,23 @@ pub async fn wait_for_tail(
     }
 }
 
+/// What a tail last published, in the terms the wait judges: its status
+/// file on this machine, or the fleet's `TAIL` item.
+#[derive(Debug, Clone)]
+enum Published {
+    /// Nothing published: no tail runs.
+    Nothing,
+    /// Published but unreadable (another version's format): not keeping up.
+    Unreadable,
+    /// Cannot be read at all.
+    Failed(String),
+    Status {
+        updated: DateTime<Utc>,
+        applied_through: Option<DateTime<Utc>>,
+        stopped: bool,
+    },
+}
+
 /// One direction's tail, by its status file.
 async fn wait_for_one(
     path: &std::path::Path,
@@ -43,32 +60,93 @@ async fn wait_for_one(
     timeout: Duration,
     stale_after: Duration,
 ) -> TailWait {
-    let start = Instant::now();
-    loop {
+    let read = || async {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return TailWait::NoTail,
-            Err(e) => return TailWait::Behind(format!("cannot read {}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Published::Nothing,
+            Err(e) => return Published::Failed(format!("cannot read {}: {e}", path.display())),
         };
         // A half-written file cannot happen (tmp + rename); an unreadable one is a
         // tail of another version: treat it as not keeping up.
-        let status: Option<crate::state::snapshot::TailStatus> = serde_json::from_str(&text).ok();
-        if status.as_ref().is_some_and(|s| s.stopped) {
-            return TailWait::NoTail;
+        match serde_json::from_str::<crate::state::snapshot::TailStatus>(&text) {
+            Ok(s) => Published::Status {
+                updated: s.updated_at,
+                applied_through: s.applied_through,
+                stopped: s.stopped,
+            },
+            Err(_) => Published::Unreadable,
         }
-        let applied_through = status.as_ref().and_then(|s| s.applied_through);
-        if let Some(s) = &status {
-            let updated = s.updated_at;
-            let age = (Utc::now() - updated).to_std().unwrap_or_default();
-            if age > stale_after {
-                return TailWait::Behind(format!(
-                    "the tail is not running: {} was last updated {:.0} s ago",
-                    path.display(),
-                    age.as_secs_f64()
-                ));
+    };
+    wait_on(
+        read,
+        &path.display().to_string(),
+        through,
+        timeout,
+        stale_after,
+    )
+    .await
+}
+
+/// The fleet's tail (`rekey tail --fleet`, on another machine), by the
+/// `TAIL` item it publishes in the control table: the fleet verify's wait.
+pub async fn wait_for_fleet_tail(
+    fleet: &crate::state::fleet::Fleet,
+    through: DateTime<Utc>,
+    timeout: Duration,
+    stale_after: Duration,
+) -> TailWait {
+    let read = || async {
+        match fleet.applied_through().await {
+            Ok(None) => Published::Nothing,
+            Ok(Some(m)) => Published::Status {
+                updated: ms_to_time(m.updated_ms),
+                applied_through: m.applied_through_ms.map(ms_to_time),
+                stopped: m.stopped,
+            },
+            Err(e) => Published::Failed(format!("cannot read the fleet tail's progress: {e}")),
+        }
+    };
+    let what = format!("{} (TAIL)", fleet.at.display());
+    wait_on(read, &what, through, timeout, stale_after).await
+}
+
+/// Waits until what `read` returns says the tail applied through `through`.
+async fn wait_on<F, Fut>(
+    read: F,
+    what: &str,
+    through: DateTime<Utc>,
+    timeout: Duration,
+    stale_after: Duration,
+) -> TailWait
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Published>,
+{
+    let start = Instant::now();
+    loop {
+        let mut applied_through = None;
+        match read().await {
+            Published::Nothing | Published::Status { stopped: true, .. } => {
+                return TailWait::NoTail;
             }
-            if applied_through.is_some_and(|t| t >= through) {
-                return TailWait::CaughtUp;
+            Published::Failed(why) => return TailWait::Behind(why),
+            Published::Unreadable => {}
+            Published::Status {
+                updated,
+                applied_through: at,
+                ..
+            } => {
+                applied_through = at;
+                let age = (Utc::now() - updated).to_std().unwrap_or_default();
+                if age > stale_after {
+                    return TailWait::Behind(format!(
+                        "the tail is not running: {what} was last updated {:.0} s ago",
+                        age.as_secs_f64()
+                    ));
+                }
+                if at.is_some_and(|t| t >= through) {
+                    return TailWait::CaughtUp;
+                }
             }
         }
         if start.elapsed() >= timeout {
@@ -231,6 +309,60 @@ pub(super) async fn recheck_forward(
         .collect())
 }
 
+/// A forward candidate's verdict counted (its `pending` is not taken
+/// off: the caller does): the difference to record, if any.
+pub(super) fn tally_forward(v: Verdict, delta: &mut Counts) -> Option<Mismatch> {
+    match v {
+        Verdict::Resolved => {
+            delta.matched += 1;
+            delta.resolved += 1;
+            None
+        }
+        Verdict::Confirmed(m) => {
+            match m.kind {
+                Kind::Missing => delta.missing += 1,
+                _ => delta.different += 1,
+            }
+            Some(m)
+        }
+        Verdict::Unconfirmed(m, why) => {
+            delta.unconfirmed += 1;
+            Some(unconfirmed(m, why))
+        }
+    }
+}
+
+/// An orphan candidate's verdict counted (its `pending_orphans` is not
+/// taken off: the caller does); undecided after the last round is
+/// unconfirmed. The difference to record, if any.
+pub(super) fn tally_orphan(
+    v: Option<Verdict>,
+    m: Mismatch,
+    delta: &mut Counts,
+) -> Option<Mismatch> {
+    let v = v.unwrap_or_else(|| {
+        Verdict::Unconfirmed(
+            m,
+            "the source item kept changing during the re-check".into(),
+        )
+    });
+    match v {
+        Verdict::Resolved => {
+            delta.target_matched += 1;
+            delta.resolved += 1;
+            None
+        }
+        Verdict::Confirmed(m) => {
+            delta.orphans += 1;
+            Some(m)
+        }
+        Verdict::Unconfirmed(m, why) => {
+            delta.unconfirmed_orphans += 1;
+            Some(unconfirmed(m, why))
+        }
+    }
+}
+
 pub(super) fn unconfirmed(mut m: Mismatch, why: String) -> Mismatch {
     m.suspected = Some(m.kind);
     m.kind = Kind::Unconfirmed;
@@ -275,22 +407,8 @@ pub(super) async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyh
             b.remove(key);
             delta.pending = delta.pending.wrapping_sub(1);
             let id = &key[CAND.len()..];
-            match v {
-                Verdict::Resolved => {
-                    delta.matched += 1;
-                    delta.resolved += 1;
-                }
-                Verdict::Confirmed(m) => {
-                    match m.kind {
-                        Kind::Missing => delta.missing += 1,
-                        _ => delta.different += 1,
-                    }
-                    b.put(&format!("{MM}f{id}"), &m)?;
-                }
-                Verdict::Unconfirmed(m, why) => {
-                    delta.unconfirmed += 1;
-                    b.put(&format!("{MM}f{id}"), &unconfirmed(m, why))?;
-                }
+            if let Some(m) = tally_forward(v, &mut delta) {
+                b.put(&format!("{MM}f{id}"), &m)?;
             }
         }
         ctx.ledger.lock().await.commit(b, &delta)?;

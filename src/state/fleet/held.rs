@@ -17,12 +17,13 @@ use crate::aws::control::Cond;
 
 /// A leased item's sort key in the control table.
 pub trait HeldKey: Hash + Eq + Clone + std::fmt::Debug + Send + Sync + 'static {
-    fn sk(&self) -> String;
+    /// Its sort key under `fleet`'s migration.
+    fn sk(&self, fleet: &Fleet) -> String;
 }
 
 impl HeldKey for u32 {
-    fn sk(&self) -> String {
-        super::unit_sk(*self)
+    fn sk(&self, fleet: &Fleet) -> String {
+        fleet.unit_sk(*self)
     }
 }
 
@@ -33,8 +34,11 @@ pub struct Held {
     pub beat: u64,
     /// When the last successful renewal (or the take) was sent: own clock.
     pub renewed: Duration,
-    /// Cancelled when the lease is lost or the worker stops.
+    /// Cancelled when the lease is lost, the worker stops, or it is handed back.
     pub stop: CancellationToken,
+    /// Being handed back (re-balancing): released once the work in flight
+    /// has committed.
+    pub handing_back: bool,
 }
 
 /// Every lease of one kind this worker holds.
@@ -97,9 +101,35 @@ impl<K: HeldKey> Holdings<K> {
                     beat: 0,
                     renewed: sent,
                     stop,
+                    handing_back: false,
                 },
             );
         }
+    }
+
+    /// Whether `key` (any, when None) is being handed back.
+    pub fn handing_back(&self, key: Option<&K>) -> bool {
+        self.held
+            .lock()
+            .map(|h| {
+                h.iter()
+                    .any(|(k, x)| x.handing_back && key.is_none_or(|want| want == k))
+            })
+            .unwrap_or(false)
+    }
+
+    /// Starts handing `key` back: its task stops after the work in flight
+    /// (re-balancing). False when it is not held.
+    pub fn hand_back(&self, key: &K) -> bool {
+        let Ok(mut h) = self.held.lock() else {
+            return false;
+        };
+        let Some(x) = h.get_mut(key) else {
+            return false;
+        };
+        x.handing_back = true;
+        x.stop.cancel();
+        true
     }
 
     pub fn remove(&self, key: &K) -> Option<Held> {
@@ -137,7 +167,7 @@ impl<K: HeldKey> Holdings<K> {
         let sent = self.now();
         // The grant says, atomically with the renewal, how long this worker may write.
         let until = wall_ms() + self.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
-        match fleet.renew_at(&key.sk(), lease, beat + 1, until).await {
+        match fleet.renew_at(&key.sk(fleet), lease, beat + 1, until).await {
             Ok(Cond::Written) => {
                 if let Ok(mut h) = self.held.lock()
                     && let Some(x) = h.get_mut(&key)
@@ -162,7 +192,7 @@ impl<K: HeldKey> Holdings<K> {
     /// Gives `key` back if still held (its task ended without finishing).
     pub async fn give_back(&self, fleet: &Fleet, key: &K) {
         if let Some(x) = self.remove(key) {
-            let _ = fleet.release_at(&key.sk(), x.lease).await;
+            let _ = fleet.release_at(&key.sk(fleet), x.lease).await;
         }
     }
 
@@ -174,7 +204,7 @@ impl<K: HeldKey> Holdings<K> {
             Err(_) => return,
         };
         for (k, x) in held {
-            match fleet.release_at(&k.sk(), x.lease).await {
+            match fleet.release_at(&k.sk(fleet), x.lease).await {
                 Ok(_) => tracing::info!(key = ?k, "lease released"),
                 Err(e) => {
                     tracing::warn!(key = ?k, error = %e, "cannot release; it expires instead")

@@ -163,6 +163,35 @@ pub fn share(open_units: usize, live_workers: usize, max: usize) -> usize {
         .clamp(1, max.max(1))
 }
 
+/// What a worker sees when it asks whether to hand a unit back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Balance {
+    /// Units this worker holds (none of them being handed back already).
+    pub held: usize,
+    /// Units not done.
+    pub open: usize,
+    /// Live workers, this one included.
+    pub live: usize,
+    /// The fewest units any *other* live worker holds (None: no other).
+    pub fewest_other: Option<usize>,
+    /// Units nobody holds right now (a hand-back not taken yet).
+    pub free: usize,
+    /// `--max-units`.
+    pub max: usize,
+}
+
+/// Should this worker hand one unit back (at its next page boundary)? Only
+/// above its fair share ([`share`]), only when another live worker holds at
+/// least two fewer (the hysteresis: after the move the taker holds at most
+/// what the giver keeps, so it never wants to give the unit back), and only
+/// when no unit is free (the last one handed back was taken: one at a time,
+/// and never more than the others take).
+pub fn hand_back(b: Balance) -> bool {
+    b.free == 0
+        && b.held > share(b.open, b.live, b.max)
+        && b.fewest_other.is_some_and(|f| f + 2 <= b.held)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +296,43 @@ mod tests {
         assert_eq!(share(16, 1, 8), 8);
         assert_eq!(share(0, 3, 8), 1);
         assert_eq!(share(5, 0, 8), 5);
+    }
+
+    fn bal(held: usize, open: usize, live: usize, fewest: Option<usize>, free: usize) -> Balance {
+        Balance {
+            held,
+            open,
+            live,
+            fewest_other: fewest,
+            free,
+            max: 16,
+        }
+    }
+
+    #[test]
+    fn a_worker_above_its_share_hands_back_to_one_below_it() {
+        // Alone on 16 units, a second worker joins holding none.
+        assert!(hand_back(bal(16, 16, 2, Some(0), 0)));
+        // At its share it keeps them.
+        assert!(!hand_back(bal(8, 16, 2, Some(7), 0)));
+        // Alone: nobody to hand to.
+        assert!(!hand_back(bal(16, 16, 1, None, 0)));
+    }
+
+    #[test]
+    fn hysteresis_no_hand_back_that_would_just_invert_the_imbalance() {
+        // 9 vs 8 on 17 units: at the share (rounded up) — keep.
+        assert!(!hand_back(bal(9, 17, 2, Some(8), 0)));
+        // 3 vs 2, but a unit finished since the holdings were read (4 open,
+        // share 2): moving one would make it 2 vs 3, and back again.
+        assert!(!hand_back(bal(3, 4, 2, Some(2), 0)));
+        // 4 vs 2: share 3, the taker ends with 3 = what the giver keeps.
+        assert!(hand_back(bal(4, 6, 2, Some(2), 0)));
+    }
+
+    #[test]
+    fn one_hand_back_at_a_time_until_it_is_taken() {
+        assert!(!hand_back(bal(16, 16, 2, Some(0), 1)));
+        assert!(hand_back(bal(15, 16, 2, Some(1), 0)));
     }
 }

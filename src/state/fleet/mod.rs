@@ -16,13 +16,19 @@
 //!   writes (owner, when granted, the page it started from, until when its
 //!   holder could write, released) — so that a test can prove no two
 //!   leases overlapped;
-//! - `WORKER#<id>`: heartbeat, units held, rates (for `status`).
+//! - `WORKER#<id>`: heartbeat, units held, rates (for `status`);
+//! - `TAIL`: the fleet's tail — `applied_through_ms` (every source write
+//!   before it is applied to the target; absent while it only buffers) and
+//!   `updated_ms` — published by `rekey tail --fleet`, read by the fleet's
+//!   verify re-check ([`Fleet::applied_through`]) instead of the tail's local
+//!   `status.json`.
 //!
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`.
 
 pub mod held;
 pub mod lease;
 pub mod shard;
+pub mod verify;
 
 use std::collections::BTreeMap;
 
@@ -183,6 +189,18 @@ pub struct WorkerInfo {
     pub state: String,
 }
 
+/// The fleet tail's progress, as its `TAIL` item holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TailMark {
+    /// Every source write before this instant (epoch ms) is applied; None
+    /// while the backfill runs and the tail only buffers.
+    pub applied_through_ms: Option<i64>,
+    /// When the tail last published (epoch ms, the tail's clock).
+    pub updated_ms: i64,
+    /// The tail has stopped (its mark no longer moves).
+    pub stopped: bool,
+}
+
 /// One lease as granted (the unit's append-only history).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Grant {
@@ -236,10 +254,9 @@ pub struct Fleet {
     pub control: ControlTable,
     pub at: FleetRef,
     pub worker: String,
-}
-
-pub(crate) fn unit_sk(n: u32) -> String {
-    format!("UNIT#{n:05}")
+    /// The sort-key prefix of the units this handle leases: `UNIT#` (the
+    /// backfill's Scan segments) or `VUNIT#` (the verify's, [`Fleet::verify`]).
+    pub units: &'static str,
 }
 fn s(v: &str) -> Value {
     Value::S(v.into())
@@ -298,7 +315,38 @@ impl Fleet {
             control,
             at,
             worker: worker.to_string(),
+            units: "UNIT#",
         }
+    }
+
+    /// The migration `at`, in its control table (at [`crate::aws::control::STATE_ENDPOINT`]
+    /// when that is set), as process `who` sees it.
+    pub fn open(clients: &crate::aws::Clients, at: &FleetRef, who: &str) -> Fleet {
+        Fleet::new(ControlTable::new(clients, &at.table), at.clone(), who)
+    }
+
+    /// The same migration, leasing the verify's units (`VUNIT#<n>`): forward
+    /// units `0..segments` (the source's Scan segments), then orphan units
+    /// `segments..2 × segments` (the target's).
+    pub fn verify(control: ControlTable, at: FleetRef, worker: &str) -> Fleet {
+        Fleet {
+            units: "VUNIT#",
+            ..Fleet::new(control, at, worker)
+        }
+    }
+
+    /// Where this handle's processes report themselves: the verify's
+    /// processes apart from the workers (their rate shares, their `status`).
+    fn workers_prefix(&self) -> &'static str {
+        if self.units == "UNIT#" {
+            "WORKER#"
+        } else {
+            "VWORKER#"
+        }
+    }
+
+    pub(crate) fn unit_sk(&self, n: u32) -> String {
+        format!("{}{n:05}", self.units)
     }
 
     fn pk(&self) -> String {
@@ -338,10 +386,17 @@ impl Fleet {
                 current: plan.fingerprint.clone(),
             });
         }
-        for u in 0..stored.segments {
+        self.create_units(stored.segments).await?;
+        Ok(stored.segments)
+    }
+
+    /// Makes sure unit items `0..count` exist (under this handle's prefix).
+    pub async fn create_units(&self, count: u32) -> Result<(), FleetError> {
+        let first = exprs("", "attribute_not_exists(#pk)", &["pk"], vec![]);
+        for u in 0..count {
             let mut it = Item::new();
             it.insert(PK.into(), s(&self.pk()));
-            it.insert(SK.into(), s(&unit_sk(u)));
+            it.insert(SK.into(), s(&self.unit_sk(u)));
             it.insert("unit".into(), n(u));
             it.insert("lease".into(), n(0));
             it.insert("beat".into(), n(0));
@@ -354,7 +409,7 @@ impl Fleet {
             }
             self.control.put_if(&it, &first).await?;
         }
-        Ok(stored.segments)
+        Ok(())
     }
 
     pub async fn meta(&self) -> Result<Option<Meta>, FleetError> {
@@ -382,7 +437,7 @@ impl Fleet {
     /// The workers' records only (the heartbeat's rate shares): a Query of
     /// `WORKER#` items, not of every unit.
     pub async fn read_workers(&self) -> Result<Snapshot, FleetError> {
-        self.read_prefix("WORKER#").await
+        self.read_prefix(self.workers_prefix()).await
     }
 
     async fn read_prefix(&self, prefix: &str) -> Result<Snapshot, FleetError> {
@@ -391,13 +446,13 @@ impl Fleet {
             let sk = text(&it, SK).unwrap_or_default().to_string();
             if sk == "META" {
                 snap.meta = Some(self.meta_of(&it)?);
-            } else if sk.starts_with("UNIT#") {
+            } else if sk.starts_with(self.units) {
                 let u = self.unit_of(&it, &sk)?;
                 snap.grants.extend(grants_of(&it, u.n));
                 snap.units.push(u);
             } else if sk.starts_with("SHARD#") {
                 snap.shards.push(shard::shard_of(&it));
-            } else if let Some(id) = sk.strip_prefix("WORKER#") {
+            } else if let Some(id) = sk.strip_prefix(self.workers_prefix()) {
                 snap.workers.push(WorkerInfo {
                     id: id.into(),
                     heartbeat_ms: inum(&it, "hb_ms"),
@@ -448,7 +503,7 @@ impl Fleet {
         fence: std::time::Duration,
     ) -> Result<Option<Lease>, FleetError> {
         let at = Judged {
-            sk: unit_sk(unit.n),
+            sk: self.unit_sk(unit.n),
             owner: unit.owner.clone(),
             lease: unit.lease,
             page: unit.page,
@@ -507,7 +562,7 @@ impl Fleet {
     /// holder may write until `until_ms`. Refused when the lease is no
     /// longer this worker's.
     pub async fn renew(&self, l: Lease, beat: u64, until_ms: i64) -> Result<Cond, FleetError> {
-        self.renew_at(&unit_sk(l.unit), l.lease, beat, until_ms)
+        self.renew_at(&self.unit_sk(l.unit), l.lease, beat, until_ms)
             .await
     }
 
@@ -544,33 +599,67 @@ impl Fleet {
         page: &Counters,
         next_page: u64,
     ) -> Result<Cond, FleetError> {
+        let adds: Vec<(&str, u64)> = Counters::NAMES.into_iter().zip(page.values()).collect();
+        self.commit_counts(l, checkpoint, next_page, &adds, &[])
+            .await
+    }
+
+    /// [`Fleet::commit`] with any counters (`adds`: name, increment; an
+    /// absent counter counts from 0) and `appended` added to the unit's
+    /// `diffs` list (the verify's sample of confirmed differences).
+    pub async fn commit_counts(
+        &self,
+        l: Lease,
+        checkpoint: &Checkpoint,
+        next_page: u64,
+        adds: &[(&str, u64)],
+        appended: &[String],
+    ) -> Result<Cond, FleetError> {
         let cp = serde_json::to_string(checkpoint).map_err(|e| self.malformed("checkpoint", e))?;
         let mut update = String::from("SET #checkpoint = :cp, #page = :page, #done = :done");
         let mut values = vec![
-            (":me", s(&self.worker)),
-            (":lease", n(l.lease)),
-            (":cp", s(&cp)),
-            (":page", n(next_page)),
-            (":done", Value::Bool(matches!(checkpoint, Checkpoint::Done))),
+            (":me".to_string(), s(&self.worker)),
+            (":lease".into(), n(l.lease)),
+            (":cp".into(), s(&cp)),
+            (":page".into(), n(next_page)),
+            (
+                ":done".into(),
+                Value::Bool(matches!(checkpoint, Checkpoint::Done)),
+            ),
+            (":zero".into(), n(0)),
         ];
-        let placeholders = [":c0", ":c1", ":c2", ":c3", ":c4"];
-        for ((name, v), ph) in Counters::NAMES.iter().zip(page.values()).zip(placeholders) {
-            update.push_str(&format!(", #{name} = #{name} + {ph}"));
-            values.push((ph, n(v)));
-        }
         let mut names = vec!["owner", "lease", "checkpoint", "page", "done"];
-        names.extend(Counters::NAMES);
+        for (i, (name, v)) in adds.iter().enumerate() {
+            update.push_str(&format!(
+                ", #{name} = if_not_exists(#{name}, :zero) + :c{i}"
+            ));
+            values.push((format!(":c{i}"), n(v)));
+            names.push(name);
+        }
+        if !appended.is_empty() {
+            update.push_str(", #diffs = list_append(if_not_exists(#diffs, :empty), :d)");
+            values.push((":empty".into(), Value::L(Vec::new())));
+            values.push((
+                ":d".into(),
+                Value::L(appended.iter().map(|x| s(x)).collect()),
+            ));
+            names.push("diffs");
+        }
+        let values = values
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         let e = exprs(&update, "#owner = :me AND #lease = :lease", &names, values);
         Ok(self
             .control
-            .update_if(&self.pk(), &unit_sk(l.unit), &e)
+            .update_if(&self.pk(), &self.unit_sk(l.unit), &e)
             .await?)
     }
 
     /// Gives `l` back at once (a stop): the next worker need not wait. Its
     /// holder has stopped writing: the grant ends now, in the same write.
     pub async fn release(&self, l: Lease) -> Result<Cond, FleetError> {
-        self.release_at(&unit_sk(l.unit), l.lease).await
+        self.release_at(&self.unit_sk(l.unit), l.lease).await
     }
 
     /// The release of any leased item by its sort key: see [`Fleet::release`].
@@ -599,7 +688,10 @@ impl Fleet {
     ) -> Result<(), FleetError> {
         let mut it = Item::new();
         it.insert(PK.into(), s(&self.pk()));
-        it.insert(SK.into(), s(&format!("WORKER#{}", self.worker)));
+        it.insert(
+            SK.into(),
+            s(&format!("{}{}", self.workers_prefix(), self.worker)),
+        );
         it.insert("hb_ms".into(), n(wall_ms()));
         let list: Vec<String> = units.iter().map(u32::to_string).collect();
         it.insert("units".into(), s(&list.join(",")));
@@ -611,7 +703,10 @@ impl Fleet {
             "",
             "attribute_not_exists(#pk) OR #sk = :sk",
             &["pk", "sk"],
-            vec![(":sk", s(&format!("WORKER#{}", self.worker)))],
+            vec![(
+                ":sk",
+                s(&format!("{}{}", self.workers_prefix(), self.worker)),
+            )],
         );
         self.control.put_if(&it, &always).await?;
         Ok(())
@@ -627,6 +722,41 @@ impl Fleet {
         );
         self.control.update_if(&self.pk(), "META", &e).await?;
         Ok(())
+    }
+
+    /// Publishes the fleet tail's progress (`TAIL`), overwriting the last.
+    pub async fn publish_tail(&self, mark: &TailMark) -> Result<(), FleetError> {
+        let mut it = Item::new();
+        it.insert(PK.into(), s(&self.pk()));
+        it.insert(SK.into(), s("TAIL"));
+        if let Some(t) = mark.applied_through_ms {
+            it.insert("applied_through_ms".into(), n(t));
+        }
+        it.insert("updated_ms".into(), n(mark.updated_ms));
+        it.insert("stopped".into(), Value::Bool(mark.stopped));
+        let always = exprs(
+            "",
+            "attribute_not_exists(#pk) OR #sk = :sk",
+            &["pk", "sk"],
+            vec![(":sk", s("TAIL"))],
+        );
+        self.control.put_if(&it, &always).await?;
+        Ok(())
+    }
+
+    /// The fleet's `applied_through`: what the fleet tail last published
+    /// (None: no tail has published yet).
+    pub async fn applied_through(&self) -> Result<Option<TailMark>, FleetError> {
+        let Some(it) = self.control.get(&self.pk(), "TAIL").await? else {
+            return Ok(None);
+        };
+        Ok(Some(TailMark {
+            applied_through_ms: it
+                .contains_key("applied_through_ms")
+                .then(|| inum(&it, "applied_through_ms")),
+            updated_ms: inum(&it, "updated_ms"),
+            stopped: matches!(it.get("stopped"), Some(Value::Bool(true))),
+        }))
     }
 
     /// Claims target key `tk` for source key `src` (both encoded): None if

@@ -49,7 +49,7 @@ pub const CHUNK_LIMIT: usize = 350_000;
 pub struct ShardKey(pub String);
 
 impl HeldKey for ShardKey {
-    fn sk(&self) -> String {
+    fn sk(&self, _: &Fleet) -> String {
         shard_sk(&self.0)
     }
 }

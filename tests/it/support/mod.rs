@@ -308,6 +308,21 @@ pub fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
+/// The report of `rekey cutover --json` that cut over: exit 0, every gate met.
+pub fn cut_over(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "cutover: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(out)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["cut_over"], true, "{r}");
+    let gates = r["gates"].as_array().unwrap();
+    assert!(gates.iter().all(|g| g["ok"] == true), "{r}");
+    r
+}
+
 /// The report of a `--json` run: the last line of its event stream, with
 /// every earlier line a progress event or a note.
 pub fn report(o: &Output) -> serde_json::Value {

@@ -17,6 +17,7 @@
 //! The budgets are the table's: each worker takes its share (÷ live
 //! workers), re-read on every heartbeat.
 
+mod tail_mark;
 mod unit;
 
 use std::collections::BTreeSet;
@@ -32,10 +33,13 @@ use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::shard::ShardKey;
 use crate::state::fleet::{
-    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, live_workers, passing,
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, live_workers,
+    passing, wall_ms,
 };
 
+pub use tail_mark::{publish_final, publish_tail};
 pub use unit::LeaseLost;
+pub(crate) use unit::{UnitScan, scan_unit};
 
 /// `rekey worker`.
 #[derive(Debug, Clone)]
@@ -65,6 +69,8 @@ pub struct WorkerReport {
     pub segments: u32,
     /// Units this worker finished.
     pub units_finished: Vec<u32>,
+    /// Units this worker handed back to a worker holding fewer (re-balancing).
+    pub units_handed_back: Vec<u32>,
     /// What this worker committed.
     pub this_worker: Counters,
     /// The whole migration's committed counters when this worker left.
@@ -82,22 +88,62 @@ pub struct WorkerReport {
     pub tail: Option<FleetTailReport>,
 }
 
+/// What runs the units a fleet process leases: the backfill's pages
+/// ([`unit::UnitDrive`]) or the verify's (`phase::verify::fleet`). The
+/// leases, the heartbeat, the fence, the re-balancing and the release are
+/// the same ([`lead`]).
+pub(crate) trait Drive: Send + Sync + 'static {
+    /// Runs `unit` under lease `l` until it is done (true), `stop` is
+    /// cancelled (false: the page in flight committed), or the lease is
+    /// lost ([`LeaseLost`]).
+    fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>>;
+    /// Items this process has committed (its progress line).
+    fn scanned(&self) -> futures::future::BoxFuture<'_, u64>;
+    /// Every unit is done: record it (the backfill's "done", the verify's verdict).
+    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>>;
+}
+
+/// How a fleet process leases units.
+#[derive(Debug, Clone)]
+pub(crate) struct Leasing {
+    /// Units held at once, at most.
+    pub max_units: usize,
+    pub stop: CancellationToken,
+}
+
 /// What the worker's tasks share.
-pub(super) struct Shared {
-    fleet: Fleet,
-    /// The Scan segments held.
+pub(crate) struct Shared {
+    pub(crate) fleet: Fleet,
+    /// The units held.
     units: Holdings<u32>,
-    /// The stream shards held (`--tail`): renewed by the same heartbeat.
+    /// The stream shards held (`rekey worker --tail`): renewed by the same heartbeat.
     shards: Arc<Holdings<ShardKey>>,
+    /// Units this worker handed back (re-balancing), in order.
+    handed_back: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
+    pub(crate) fn new(fleet: Fleet, lease: Duration) -> Arc<Shared> {
+        let started = Instant::now();
+        Arc::new(Shared {
+            fleet,
+            units: Holdings::new(started, lease),
+            shards: Arc::new(Holdings::new(started, lease)),
+            handed_back: std::sync::Mutex::default(),
+        })
+    }
+
     fn now(&self) -> Duration {
         self.units.now()
     }
 
     /// The fence: may this worker still write for `unit`?
-    pub(super) fn may_write(&self, unit: u32, l: Lease) -> bool {
+    pub(crate) fn may_write(&self, unit: u32, l: Lease) -> bool {
         self.units.may_write(&unit, l.lease)
     }
 
@@ -108,13 +154,25 @@ impl Shared {
 
 /// The table's budgets, resolved; each worker takes its share.
 #[derive(Debug, Clone, Copy)]
-struct Budgets {
-    read: Option<f64>,
-    write: Option<f64>,
+pub(crate) struct Budgets {
+    pub read: Option<f64>,
+    pub write: Option<f64>,
 }
 
 fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
     total.map(|t| t / live.max(1) as f64)
+}
+
+/// The other workers running with a heartbeat younger than `window`.
+fn live_others<'a>(
+    snap: &'a Snapshot,
+    me: &'a str,
+    window: Duration,
+) -> impl Iterator<Item = &'a WorkerInfo> + 'a {
+    let (fresh, now) = (window.as_millis() as i64, wall_ms());
+    snap.workers
+        .iter()
+        .filter(move |w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
 }
 
 /// Why target keys must be claimed in the control table, or None when the
@@ -193,12 +251,7 @@ pub async fn run(
         write: full.write.rate().await,
     };
     let control = Arc::new(Control::new(budgets.read, budgets.write));
-    let started_clock = Instant::now();
-    let shared = Arc::new(Shared {
-        fleet,
-        units: Holdings::new(started_clock, opts.lease),
-        shards: Arc::new(Holdings::new(started_clock, opts.lease)),
-    });
+    let shared = Shared::new(fleet, opts.lease);
     let writer = Arc::new(Writer::new(clients, plan, &opts.backfill, control.clone()));
     if let Some(parent) = opts
         .backfill
@@ -224,27 +277,35 @@ pub async fn run(
         claims_at_once: opts.backfill.concurrency.max(1),
         claims: why.is_some(),
     });
-    let beat_stop = CancellationToken::new();
-    let beats = tokio::spawn(heartbeat(
-        shared.clone(),
-        control.clone(),
-        budgets,
-        beat_stop.clone(),
-    ));
     progress.start("worker", Some(source.item_count));
-    let (outcome, tail) = backfill_and_tail(clients, plan, &shared, &drive, opts, progress).await;
-    progress.finish();
-    beat_stop.cancel();
-    let _ = beats.await;
-    // After the last heartbeat, which would say "running" again.
-    let state = match &outcome {
-        Ok((_, true)) => "done",
-        Ok((_, false)) => "stopped",
-        Err(_) => "failed",
+    let leasing = Leasing {
+        max_units: opts.max_units,
+        stop: opts.backfill.stop.clone(),
     };
-    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
-        tracing::warn!(error = %e, "cannot report this worker");
-    }
+    // `--tail`: the stream's shards beside the units, under the same
+    // heartbeat; the tail runs on once the backfill is done.
+    let beside = opts.tail.as_ref().map(|t| Beside {
+        run: tail::fleet::run(
+            clients,
+            plan,
+            shared.fleet.clone(),
+            shared.shards.clone(),
+            control.clone(),
+            t,
+        ),
+        stop: t.stop.clone(),
+    });
+    let (outcome, tail) = lead(
+        &shared,
+        drive.clone(),
+        &leasing,
+        control,
+        budgets,
+        progress,
+        beside,
+    )
+    .await;
+    progress.finish();
     let (finished, done) = outcome?;
     let tail = tail.transpose()?;
     let snap = shared.fleet.read().await?;
@@ -253,6 +314,11 @@ pub async fn run(
         state: opts.fleet.display(),
         segments,
         units_finished: finished.into_iter().collect(),
+        units_handed_back: shared
+            .handed_back
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default(),
         this_worker: *drive.this.lock().await,
         totals: snap.totals(),
         backfill_done: done,
@@ -266,6 +332,62 @@ pub async fn run(
         return Err(Stopped.into());
     }
     Ok(report)
+}
+
+/// Leads this process's share of the fleet's units through `drive`: the
+/// heartbeat (renewals, this process's record, the rate shares on
+/// `control`), the scheduler (take, re-balance, release), and the last
+/// record (done, stopped or failed). The units this process finished, and
+/// whether every unit is done.
+pub(crate) async fn lead<T>(
+    shared: &Arc<Shared>,
+    drive: Arc<dyn Drive>,
+    leasing: &Leasing,
+    control: Arc<Control>,
+    budgets: Budgets,
+    progress: &Progress,
+    beside: Option<Beside<impl Future<Output = T>>>,
+) -> (anyhow::Result<(BTreeSet<u32>, bool)>, Option<T>) {
+    let beat_stop = CancellationToken::new();
+    let beats = tokio::spawn(heartbeat(
+        shared.clone(),
+        control,
+        budgets,
+        beat_stop.clone(),
+    ));
+    let (outcome, beside) = match beside {
+        None => (schedule(shared, &drive, leasing, progress).await, None),
+        Some(b) => {
+            let units = async {
+                let r = schedule(shared, &drive, leasing, progress).await;
+                if r.is_err() {
+                    b.stop.cancel();
+                }
+                r
+            };
+            let (r, t) = tokio::join!(units, b.run);
+            (r, Some(t))
+        }
+    };
+    beat_stop.cancel();
+    let _ = beats.await;
+    // After the last heartbeat, which would say "running" again.
+    let state = match &outcome {
+        Ok((_, true)) => "done",
+        Ok((_, false)) => "stopped",
+        Err(_) => "failed",
+    };
+    if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
+        tracing::warn!(error = %e, "cannot report this worker");
+    }
+    (outcome, beside)
+}
+
+/// Work that runs beside a process's units under the same heartbeat (the
+/// worker's `--tail`), and outlives them: stopped with `stop` if the units fail.
+pub(crate) struct Beside<F> {
+    pub run: F,
+    pub stop: CancellationToken,
 }
 
 /// Renews every lease held, then reports this worker and re-reads the
@@ -328,52 +450,16 @@ async fn renew_all(shared: &Shared) {
     .await;
 }
 
-/// The backfill's units and, with `--tail`, the stream's shards, side by
-/// side: the backfill ends when every unit is done, the tail runs on (until
-/// a stop, or idle). A failed backfill stops the tail.
-async fn backfill_and_tail(
-    clients: &Clients,
-    plan: &Plan,
-    shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
-    progress: &Progress,
-) -> (
-    anyhow::Result<(BTreeSet<u32>, bool)>,
-    Option<anyhow::Result<FleetTailReport>>,
-) {
-    let Some(t) = &opts.tail else {
-        return (schedule(shared, drive, opts, progress).await, None);
-    };
-    let tail = tail::fleet::run(
-        clients,
-        plan,
-        shared.fleet.clone(),
-        shared.shards.clone(),
-        drive.control.clone(),
-        t,
-    );
-    let backfill = async {
-        let r = schedule(shared, drive, opts, progress).await;
-        if r.is_err() {
-            t.stop.cancel();
-        }
-        r
-    };
-    let (b, t) = tokio::join!(backfill, tail);
-    (b, Some(t))
-}
-
 /// Takes units while there are some to take, runs each, and ends when every
 /// unit is done (true) or on a stop (false). Returns the units this worker
 /// finished.
 async fn schedule(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
 ) -> anyhow::Result<(BTreeSet<u32>, bool)> {
-    let stop = &opts.backfill.stop;
+    let stop = &opts.stop;
     let mut observer = Observer::default();
     let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
     let mut finished = BTreeSet::new();
@@ -417,8 +503,8 @@ async fn schedule(
 /// so), else the units this worker should take, taken.
 async fn step(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     progress: &Progress,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -426,23 +512,78 @@ async fn step(
     let snap = shared.fleet.read().await?;
     report_progress(shared, drive, &snap, progress).await;
     if snap.all_done() {
-        shared.fleet.mark_done().await?;
+        drive.all_done().await?;
         return Ok(true);
     }
     take_units(shared, drive, opts, &snap, observer, tasks).await?;
+    rebalance(shared, opts, &snap);
     Ok(false)
+}
+
+/// Hands one unit back when this worker holds more than its share and
+/// another live worker (a heartbeat within a lease) holds fewer
+/// ([`lease::hand_back`]): the unit stops after its page in flight commits,
+/// then its lease is released ([`unit_ended`]) and the other worker takes it
+/// from that checkpoint. The unit handed back is the one with the fewest
+/// pages committed: the most work moves.
+fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
+    if shared.units.handing_back(None) || opts.stop.is_cancelled() {
+        return;
+    }
+    let me = shared.fleet.worker.as_str();
+    let held = shared.held_units();
+    let open = |u: &&Unit| !u.done;
+    let holds = |id: &str| {
+        snap.units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.as_deref() == Some(id))
+            .count()
+    };
+    let others: Vec<&WorkerInfo> = live_others(snap, me, shared.units.duration).collect();
+    let balance = lease::Balance {
+        held: held.len(),
+        open: snap.units.iter().filter(open).count(),
+        live: others.len() + 1,
+        fewest_other: others.iter().map(|w| holds(&w.id)).min(),
+        free: snap
+            .units
+            .iter()
+            .filter(open)
+            .filter(|u| u.owner.is_none())
+            .count(),
+        max: opts.max_units,
+    };
+    if !lease::hand_back(balance) {
+        return;
+    }
+    let Some(unit) = snap
+        .units
+        .iter()
+        .filter(|u| held.contains(&u.n) && !u.done)
+        .min_by_key(|u| (u.page, std::cmp::Reverse(u.n)))
+    else {
+        return;
+    };
+    if shared.units.hand_back(&unit.n) {
+        tracing::info!(
+            unit = unit.n,
+            ?balance,
+            "handing the unit back at its next page boundary"
+        );
+    }
 }
 
 /// The fleet's committed items, and this worker's units.
 async fn report_progress(
     shared: &Shared,
-    drive: &unit::UnitDrive,
+    drive: &Arc<dyn Drive>,
     snap: &Snapshot,
     progress: &Progress,
 ) {
     let held = shared.held_units();
     let done = snap.units.iter().filter(|u| u.done).count();
-    let mine = drive.this.lock().await.scanned;
+    let mine = drive.scanned().await;
     progress.status(
         format!(
             "fleet: {done}/{} units done; this worker: units {held:?}, {mine} items",
@@ -462,8 +603,8 @@ async fn report_progress(
 /// first, then those whose lease expired (judged on this worker's clock).
 async fn take_units(
     shared: &Arc<Shared>,
-    drive: &Arc<unit::UnitDrive>,
-    opts: &WorkerOptions,
+    drive: &Arc<dyn Drive>,
+    opts: &Leasing,
     snap: &Snapshot,
     observer: &mut Observer,
     tasks: &mut JoinSet<(u32, anyhow::Result<bool>)>,
@@ -497,7 +638,7 @@ async fn take_units(
         .map(|u| (u, None))
         .chain(expired.into_iter().map(|(u, b)| (u, Some(b))));
     for (u, beat) in candidates {
-        if shared.held_units().len() >= want || opts.backfill.stop.is_cancelled() {
+        if shared.held_units().len() >= want || opts.stop.is_cancelled() {
             break;
         }
         let sent = shared.now();
@@ -515,7 +656,7 @@ async fn take_units(
             taken_over = beat.is_some(),
             "unit taken"
         );
-        let token = opts.backfill.stop.child_token();
+        let token = opts.stop.child_token();
         shared.units.insert(u.n, l.lease, sent, token.clone());
         let (drive, unit) = (drive.clone(), u.clone());
         tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) });
@@ -548,6 +689,23 @@ async fn unit_ended(
             tracing::info!(unit, "unit done");
             Ok(())
         }
+        // Handed back (re-balancing): its page in flight committed, released now.
+        Ok(false) if shared.units.handing_back(Some(&unit)) => {
+            if let Some(x) = shared.units.remove(&unit) {
+                let r = shared
+                    .fleet
+                    .release(Lease {
+                        unit,
+                        lease: x.lease,
+                    })
+                    .await;
+                tracing::info!(unit, released = ?r.ok(), "unit handed back");
+                if let Ok(mut v) = shared.handed_back.lock() {
+                    v.push(unit);
+                }
+            }
+            Ok(())
+        }
         // Stopped: still held, released once every unit has stopped.
         Ok(false) => Ok(()),
         Err(e) if unit::lost(&e) || passing(&e) => {
@@ -570,11 +728,7 @@ pub async fn mirror_done(
     state_dir: &StateDir,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "tail",
-    );
+    let f = Fleet::open(clients, fleet, "tail");
     loop {
         match f.meta().await {
             Ok(Some(m)) if m.done_ms.is_some() => {
@@ -595,18 +749,14 @@ pub async fn mirror_done(
 
 /// `rekey status --state dynamodb://…`: what the control table holds.
 pub async fn fleet_status(clients: &Clients, fleet: &FleetRef) -> anyhow::Result<Snapshot> {
-    let f = Fleet::new(
-        ControlTable::new(clients, &fleet.table),
-        fleet.clone(),
-        "status",
-    );
+    let f = Fleet::open(clients, fleet, "status");
     Ok(f.read().await?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::fleet::{WorkerInfo, wall_ms};
+    use crate::state::fleet::WorkerInfo;
 
     fn worker(id: &str, state: &str, age_ms: i64) -> WorkerInfo {
         WorkerInfo {

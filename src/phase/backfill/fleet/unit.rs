@@ -23,6 +23,60 @@ pub(super) fn lost(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.is::<LeaseLost>() || c.is::<Fenced>())
 }
 
+/// One unit's Scan: segment `segment` of `table`.
+pub(crate) struct UnitScan {
+    pub table: String,
+    pub segments: u32,
+    pub segment: u32,
+    pub page_limit: Option<i32>,
+    pub control: Arc<Control>,
+    pub stop: CancellationToken,
+}
+
+/// Scans `unit`'s segment from its committed checkpoint, page by page,
+/// each page handed to `on_page` with its number (which commits it under
+/// the lease). True once the segment's last page is through.
+pub(crate) async fn scan_unit<F, Fut>(
+    clients: &Clients,
+    scan: UnitScan,
+    unit: &Unit,
+    on_page: F,
+) -> anyhow::Result<bool>
+where
+    F: Fn(Page, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let start = match &unit.checkpoint {
+        Checkpoint::Done => return Ok(true),
+        Checkpoint::Beginning => SegmentStart::Beginning,
+        Checkpoint::After(k) => SegmentStart::After(k.clone()),
+    };
+    let mut starts = vec![SegmentStart::Done; scan.segments as usize];
+    starts[scan.segment as usize] = start;
+    let opts = ScanOptions {
+        table: scan.table,
+        segments: scan.segments,
+        page_limit: scan.page_limit,
+        consistent_read: false,
+        stop: scan.stop,
+    };
+    let page_no = Arc::new(AtomicU64::new(unit.page));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (pages, finished) = (page_no.clone(), done.clone());
+    scan::scan(clients, &opts, starts, scan.control, move |page: Page| {
+        let (on_page, pages, finished) = (on_page.clone(), pages.clone(), finished.clone());
+        async move {
+            let last = page.next.is_none();
+            on_page(page, pages.load(Ordering::SeqCst)).await?;
+            pages.fetch_add(1, Ordering::SeqCst);
+            finished.store(last, Ordering::SeqCst);
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(done.load(Ordering::SeqCst))
+}
+
 /// What every unit of a worker shares.
 pub(super) struct UnitDrive {
     pub(super) clients: Clients,
@@ -42,51 +96,45 @@ pub(super) struct UnitDrive {
     pub(super) claims: bool,
 }
 
+impl Drive for UnitDrive {
+    fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>> {
+        Box::pin(self.run_unit(unit, l, stop))
+    }
+    fn scanned(&self) -> futures::future::BoxFuture<'_, u64> {
+        Box::pin(async { self.this.lock().await.scanned })
+    }
+    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async { Ok(self.shared.fleet.mark_done().await?) })
+    }
+}
+
 impl UnitDrive {
-    /// Runs `unit` under lease `l` until it is done (true), `stop` is
-    /// cancelled (false: the page in flight committed), or the lease is
-    /// lost ([`LeaseLost`]).
-    pub(super) async fn run(
+    /// [`Drive::run`]: the unit's pages from its checkpoint.
+    async fn run_unit(
         self: Arc<Self>,
         unit: Unit,
         l: Lease,
         stop: CancellationToken,
     ) -> anyhow::Result<bool> {
-        let start = match &unit.checkpoint {
-            Checkpoint::Done => return Ok(true),
-            Checkpoint::Beginning => SegmentStart::Beginning,
-            Checkpoint::After(k) => SegmentStart::After(k.clone()),
-        };
-        let mut starts = vec![SegmentStart::Done; self.segments as usize];
-        starts[unit.n as usize] = start;
-        let opts = ScanOptions {
+        let scan = UnitScan {
             table: self.plan.source_table.clone(),
             segments: self.segments,
+            segment: unit.n,
             page_limit: self.page_limit,
-            consistent_read: false,
-            stop: stop.clone(),
+            control: self.control.clone(),
+            stop,
         };
-        let page_no = Arc::new(AtomicU64::new(unit.page));
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (me, pages, finished) = (self.clone(), page_no.clone(), done.clone());
-        scan::scan(
-            &self.clients,
-            &opts,
-            starts,
-            self.control.clone(),
-            move |page: Page| {
-                let (me, pages, finished) = (me.clone(), pages.clone(), finished.clone());
-                async move {
-                    let last = page.next.is_none();
-                    me.page(l, page, pages.load(Ordering::SeqCst)).await?;
-                    pages.fetch_add(1, Ordering::SeqCst);
-                    finished.store(last, Ordering::SeqCst);
-                    Ok(())
-                }
-            },
-        )
-        .await?;
-        Ok(done.load(Ordering::SeqCst))
+        let me = self.clone();
+        scan_unit(&self.clients, scan, &unit, move |page, page_no| {
+            let me = me.clone();
+            async move { me.page(l, page, page_no).await }
+        })
+        .await
     }
 
     fn fence(&self, l: Lease) -> anyhow::Result<()> {
@@ -102,11 +150,13 @@ impl UnitDrive {
     }
 
     /// One page: process, tag and write its rejects, commit under the lease.
-    async fn page(&self, l: Lease, page: Page, page_no: u64) -> anyhow::Result<()> {
+    async fn page(&self, l: Lease, mut page: Page, page_no: u64) -> anyhow::Result<()> {
         self.fence(l)?;
         let shared = self.shared.clone();
         let fence = move || shared.may_write(l.unit, l);
-        let (mut counts, rejects) = self.process(&page.items, &fence).await?;
+        let (mut counts, rejects) = self
+            .process(std::mem::take(&mut page.items), &fence)
+            .await?;
         counts.scanned += page.unreadable;
         counts.rejected += page.unreadable;
         let checkpoint = match &page.next {
@@ -155,7 +205,7 @@ impl UnitDrive {
     /// counters and rejects.
     async fn process(
         &self,
-        items: &[Item],
+        items: Vec<Item>,
         fence: &(dyn Fn() -> bool + Sync),
     ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
         let mut page = transform_page(&self.plan, items);
@@ -164,8 +214,7 @@ impl UnitDrive {
             let owners = self.claim(&keys).await?;
             page.keep_owned(&keys, owners);
         }
-        let puts = std::mem::take(&mut page.puts);
-        let refusals = self.writer.write_fenced(puts, fence).await?;
+        let refusals = self.writer.write_fenced(&page.puts, fence).await?;
         Ok(page.written(refusals))
     }
 

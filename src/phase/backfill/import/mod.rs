@@ -366,7 +366,7 @@ impl ImportSink {
         ledger: &Mutex<Ledger>,
         plan: &Plan,
         stream: &str,
-        items: Vec<Item>,
+        items: &[Item],
     ) -> anyhow::Result<Vec<Option<String>>> {
         let mut part = self.take(ledger, stream).await?;
         let refusals = items

@@ -121,6 +121,9 @@ impl fmt::Display for Reject {
 /// and the item.
 pub type Captures<'a> = Vec<(&'a str, &'a str)>;
 
+mod owned;
+pub use owned::{Owned, Remnant, transform_owned};
+
 /// The first rule whose shapes all match, with its index and captures.
 pub fn match_rule<'a>(plan: &'a Plan, item: &'a Item) -> Option<(usize, &'a Rule, Captures<'a>)> {
     'rules: for (i, rule) in plan.rules.iter().enumerate() {
@@ -146,81 +149,117 @@ pub fn match_rule<'a>(plan: &'a Plan, item: &'a Item) -> Option<(usize, &'a Rule
 }
 
 pub fn transform(plan: &Plan, item: &Item) -> Outcome {
-    let reject = |rule: Option<&Rule>, reason| {
-        Outcome::Reject(Reject {
-            rule: rule.map(|r| r.name.clone()),
-            reason,
-        })
-    };
+    match decide(plan, item) {
+        Decided::Reject(r) => Outcome::Reject(r),
+        Decided::Skip => Outcome::Skip,
+        Decided::Copy => Outcome::Put {
+            rule: None,
+            item: item.clone(),
+        },
+        Decided::Apply(index, rule, rendered) => match apply(plan, rule, rendered, item) {
+            Ok(out) => Outcome::Put {
+                rule: Some(index),
+                item: out,
+            },
+            Err(reason) => Outcome::Reject(rejected(Some(rule), reason)),
+        },
+    }
+}
+
+fn rejected(rule: Option<&Rule>, reason: RejectReason) -> Reject {
+    Reject {
+        rule: rule.map(|r| r.name.clone()),
+        reason,
+    }
+}
+
+/// What the source item, as it is, decides: everything that reads it
+/// before the target is built from it (so that [`transform_owned`] can then
+/// take the item apart).
+enum Decided<'p> {
+    Reject(Reject),
+    Skip,
+    /// `unmatched = "copy"`: the item unchanged.
+    Copy,
+    /// The rule that matched, with its rendered attributes.
+    Apply(usize, &'p Rule, Vec<(&'p str, Value)>),
+}
+
+fn decide<'p>(plan: &'p Plan, item: &Item) -> Decided<'p> {
     for a in plan.source_key.attrs() {
         if !item.contains_key(&a.name) {
-            return reject(None, RejectReason::MissingSourceKey(a.name.clone()));
+            return Decided::Reject(rejected(
+                None,
+                RejectReason::MissingSourceKey(a.name.clone()),
+            ));
         }
     }
     // rekey's own drain markers (barrier.rs) pass through the source only.
     if crate::core::marker::marker_id(plan, item).is_some() {
-        return Outcome::Skip;
+        return Decided::Skip;
     }
-    let Some((index, rule, captures)) = match_rule(plan, item) else {
+    let Some((index, _, captures)) = match_rule(plan, item) else {
         return match plan.unmatched {
-            Unmatched::Reject => reject(None, RejectReason::NoRuleMatched),
-            Unmatched::Skip => Outcome::Skip,
-            Unmatched::Copy => Outcome::Put {
-                rule: None,
-                item: item.clone(),
-            },
+            Unmatched::Reject => Decided::Reject(rejected(None, RejectReason::NoRuleMatched)),
+            Unmatched::Skip => Decided::Skip,
+            Unmatched::Copy => Decided::Copy,
         };
     };
-    match apply(plan, rule, &captures, item) {
-        Ok(out) => Outcome::Put {
-            rule: Some(index),
-            item: out,
-        },
-        Err(reason) => reject(Some(rule), reason),
+    // The plan's own rule (match_rule's borrows the item too).
+    let rule = &plan.rules[index];
+    match render(plan, rule, &captures, item) {
+        Ok(rendered) => Decided::Apply(index, rule, rendered),
+        Err(reason) => Decided::Reject(rejected(Some(rule), reason)),
     }
 }
 
 fn apply(
     plan: &Plan,
     rule: &Rule,
-    captures: &[(&str, &str)],
+    rendered: Vec<(&str, Value)>,
     item: &Item,
 ) -> Result<Item, RejectReason> {
+    // Copy only what the target keeps (a clone and then removals cost a
+    // string copy and a tree search per removed attribute).
+    let taken = Taken::new(plan, rule);
+    let mut out: Item = item
+        .iter()
+        .filter(|(k, _)| !taken.replaced(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (name, a) in taken.prefixed() {
+        out.insert(name, item[&a.name].clone());
+    }
+    for r in &rule.remove {
+        out.remove(r);
+    }
+    for (name, value) in rendered {
+        out.insert(name.to_string(), value);
+    }
+    check(plan, &out)?;
+    Ok(out)
+}
+
+/// The target key and `set` attributes, rendered from the source item as it
+/// is (before anything is taken out of it), in the order they are written.
+fn render<'p>(
+    plan: &Plan,
+    rule: &'p Rule,
+    captures: &[(&str, &str)],
+    item: &Item,
+) -> Result<Vec<(&'p str, Value)>, RejectReason> {
     let scope = Scope {
         captures,
         item,
         default_hash: plan.hash,
     };
-    // Copy only what the target keeps (a clone and then removals cost a
-    // string copy and a tree search per removed attribute).
-    let rekey = plan.mode == Mode::Rekey;
-    let replaced = |name: &str| {
-        rekey
-            && ((!rule.key.is_empty() && plan.source_key.attrs().any(|a| a.name == name))
-                || plan.drop.iter().any(|d| d == name))
-    };
-    let mut out: Item = item
-        .iter()
-        .filter(|(k, _)| !replaced(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if rekey && let Some(prefix) = &plan.source_key_prefix {
-        for a in plan.source_key.attrs() {
-            let mut name = String::with_capacity(prefix.len() + a.name.len());
-            name.push_str(prefix);
-            name.push_str(&a.name);
-            out.insert(name, item[&a.name].clone());
-        }
-    }
-    for r in &rule.remove {
-        out.remove(r);
-    }
+    let mut out = Vec::with_capacity(rule.key.len() + rule.set.len());
     for (attr, tpl) in &rule.key {
         let text = tpl.render(&scope).map_err(|error| RejectReason::Render {
             attr: attr.name.clone(),
             error,
         })?;
-        out.insert(attr.name.clone(), typed(&attr.name, attr.ty, text)?);
+        out.push((attr.name.as_str(), typed(&attr.name, attr.ty, text)?));
     }
     for s in &rule.set {
         let text = s
@@ -230,9 +269,58 @@ fn apply(
                 attr: s.name.clone(),
                 error,
             })?;
-        out.insert(s.name.clone(), typed(&s.name, s.ty, text)?);
+        out.push((s.name.as_str(), typed(&s.name, s.ty, text)?));
     }
-    check_key(&plan.target_key, &out)?;
+    Ok(out)
+}
+
+/// What a rule takes out of the source item before it writes its own
+/// attributes: the source key when the rule renders a new one, and
+/// `options.drop` (in a re-key only), and where the old key is kept.
+struct Taken<'p> {
+    plan: &'p Plan,
+    rule: &'p Rule,
+    rekey: bool,
+}
+
+impl<'p> Taken<'p> {
+    fn new(plan: &'p Plan, rule: &'p Rule) -> Self {
+        let rekey = plan.mode == Mode::Rekey;
+        Taken { plan, rule, rekey }
+    }
+
+    fn replaced(&self, name: &str) -> bool {
+        self.rekey
+            && ((!self.rule.key.is_empty() && self.plan.source_key.attrs().any(|a| a.name == name))
+                || self.plan.drop.iter().any(|d| d == name))
+    }
+
+    /// The names [`Taken::replaced`] answers yes to.
+    fn replaced_names(&self) -> impl Iterator<Item = &'p str> + 'p {
+        let (plan, rekey, keyed) = (self.plan, self.rekey, !self.rule.key.is_empty());
+        let key = plan.source_key.attrs().filter(move |_| rekey && keyed);
+        let drop = plan.drop.iter().filter(move |_| rekey);
+        key.map(|a| a.name.as_str()).chain(drop.map(String::as_str))
+    }
+
+    /// `source_key_prefix` + each source key attribute, in a re-key.
+    fn prefixed(&self) -> impl Iterator<Item = (String, &'p crate::core::plan::KeyAttr)> + 'p {
+        let plan = self.plan;
+        let prefix = plan.source_key_prefix.as_deref().filter(|_| self.rekey);
+        prefix.into_iter().flat_map(move |prefix| {
+            plan.source_key.attrs().map(move |a| {
+                let mut name = String::with_capacity(prefix.len() + a.name.len());
+                name.push_str(prefix);
+                name.push_str(&a.name);
+                (name, a)
+            })
+        })
+    }
+}
+
+/// Is `out` an item DynamoDB will store as the target's?
+fn check(plan: &Plan, out: &Item) -> Result<(), RejectReason> {
+    check_key(&plan.target_key, out)?;
     // Index keys too: DynamoDB refuses an empty string for a GSI key attribute.
     for ix in &plan.indexes {
         for a in ix.key.attrs() {
@@ -241,11 +329,11 @@ fn apply(
             }
         }
     }
-    let bytes = item_size(&out);
+    let bytes = item_size(out);
     if bytes > MAX_ITEM_BYTES {
         return Err(RejectReason::TooLarge { bytes });
     }
-    Ok(out)
+    Ok(())
 }
 
 fn typed(attr: &str, ty: ScalarType, text: String) -> Result<Value, RejectReason> {
