@@ -63,7 +63,8 @@ pub struct ControlCalls {
     pub query: u64,
     pub put_item: u64,
     pub update_item: u64,
-    /// The four added up.
+    pub delete_item: u64,
+    /// The five added up.
     pub total: u64,
 }
 
@@ -73,6 +74,7 @@ struct Counters {
     query: AtomicU64,
     put_item: AtomicU64,
     update_item: AtomicU64,
+    delete_item: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -132,18 +134,20 @@ impl ControlTable {
     /// The requests sent so far, by every clone of this table.
     pub fn calls(&self) -> ControlCalls {
         let c = &self.calls;
-        let (get_item, query, put_item, update_item) = (
+        let (get_item, query, put_item, update_item, delete_item) = (
             c.get_item.load(Ordering::Relaxed),
             c.query.load(Ordering::Relaxed),
             c.put_item.load(Ordering::Relaxed),
             c.update_item.load(Ordering::Relaxed),
+            c.delete_item.load(Ordering::Relaxed),
         );
         ControlCalls {
             get_item,
             query,
             put_item,
             update_item,
-            total: get_item + query + put_item + update_item,
+            delete_item,
+            total: get_item + query + put_item + update_item + delete_item,
         }
     }
 
@@ -262,6 +266,12 @@ impl ControlTable {
             }
             Err(err) => Err(self.clients.error("PutItem", &self.table, err)),
         }
+    }
+
+    /// DeleteItem of `pk`/`sk` (a fleet tail's applied buffer chunk).
+    pub async fn delete(&self, pk: &str, sk: &str) -> Result<(), AwsError> {
+        bump(&self.calls.delete_item);
+        crate::aws::item::delete_item(&self.clients, &self.table, &key(pk, sk)).await
     }
 
     /// UpdateItem of `pk`/`sk` if `e.condition` holds.

@@ -358,6 +358,15 @@ pub struct WorkerArgs {
     pub fleet: String,
     #[command(flatten)]
     pub process: FleetProcessArgs,
+    /// Also tail the source's stream as a fleet: stream shards leased like Scan segments,
+    /// buffered in the control table until the fleet's backfill is done, then applied;
+    /// the worker runs on after the backfill (until stopped, or --exit-when-idle).
+    #[arg(long)]
+    pub tail: bool,
+    /// With --tail: exit once the fleet's backfill is done, every shard's buffer applied and
+    /// no shard has moved for this many seconds.
+    #[arg(long, value_name = "SECONDS", requires = "tail")]
+    pub exit_when_idle: Option<f64>,
     /// Where this worker's local files go (default: .rekey/<plan file stem>).
     #[command(flatten)]
     pub state: StateArgs,

@@ -147,6 +147,11 @@ impl StateDir {
         self.0.join(format!("rejects-{worker}.jsonl"))
     }
 
+    /// A fleet worker's own tail rejects (`rekey worker --tail`).
+    pub fn worker_tail_rejects(&self, worker: &str) -> PathBuf {
+        self.0.join(format!("tail-rejects-{worker}.jsonl"))
+    }
+
     /// Items `rekey undo` could not compute its undo for.
     pub fn undo_rejects(&self) -> PathBuf {
         self.0.join("undo-rejects.jsonl")

@@ -19,7 +19,7 @@ use rekey::state::fleet::{Fleet, FleetError, FleetRef, Snapshot, committed_lease
 /// loaded 2-core CI machine; at 4 s, renewals queued behind a starved moto
 /// and units changed hands dozens of times. Each kill -9 costs a lease of
 /// waiting before the unit is taken over.
-const LEASE_SECONDS: &str = "8";
+pub(crate) const LEASE_SECONDS: &str = "8";
 
 use crate::support::plan::orders_by_status;
 use crate::support::workload::*;
@@ -54,7 +54,7 @@ fn pk_item(pk: &str) -> Item {
 }
 
 /// What the control table holds (nothing before the first worker made it).
-async fn snapshot(fleet: &Fleet) -> Snapshot {
+pub(crate) async fn snapshot(fleet: &Fleet) -> Snapshot {
     match fleet.read().await {
         Ok(s) => s,
         Err(FleetError::Aws(rekey::aws::AwsError::NotFound { .. })) => Snapshot::default(),
@@ -96,7 +96,7 @@ fn committed_rejects(files: &[&Path], s: &Snapshot) -> Vec<serde_json::Value> {
 
 /// A control table for migration `id`: the fleet handle the test reads
 /// it through, the `--state` URL the processes are given, the table's name.
-fn control_table(env: &TestEnv, id: &str) -> (Fleet, String, String) {
+pub(crate) fn control_table(env: &TestEnv, id: &str) -> (Fleet, String, String) {
     let ctl = env.table_name("ctl");
     let url = format!("dynamodb://{ctl}/{id}");
     let at = FleetRef::parse(&url, "unused").unwrap();
@@ -160,7 +160,7 @@ fn spawn_process(
     env.spawn(&args)
 }
 
-fn kill_9(child: &mut Child) {
+pub(crate) fn kill_9(child: &mut Child) {
     child.kill().unwrap();
     child.wait().unwrap();
 }
@@ -318,7 +318,7 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
 }
 
 /// Polls the control table until `ack` holds of what it reads.
-async fn wait_for(fleet: &Fleet, what: &str, ack: impl Fn(&Snapshot) -> bool) {
+pub(crate) async fn wait_for(fleet: &Fleet, what: &str, ack: impl Fn(&Snapshot) -> bool) {
     poll_until_async(what, Duration::from_secs(180), || async {
         ack(&snapshot(fleet).await)
     })

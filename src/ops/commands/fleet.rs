@@ -11,6 +11,7 @@ use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::phase::backfill::fleet::{self, WorkerOptions, WorkerReport};
 use crate::phase::tail::{self, TailOptions};
+use crate::state::fleet::shard::{ShardUnit, fleet_through};
 use crate::state::fleet::{Checkpoint, Counters, FleetRef, Snapshot, wall_ms};
 
 /// `rekey worker`.
@@ -123,6 +124,73 @@ struct FleetStatus {
     totals: Counters,
     workers: Vec<WorkerLine>,
     units: Vec<UnitLine>,
+    /// The fleet's tail (`rekey worker --tail`), when it has started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tail: Option<TailLine>,
+}
+
+/// The fleet's tail: `applied_through` is the minimum over the shards not
+/// done (None while one still buffers): every source write before it is in
+/// the target.
+#[derive(Debug, Serialize)]
+struct TailLine {
+    applied_through: Option<String>,
+    lag_seconds: Option<f64>,
+    shards: Vec<ShardLine>,
+}
+
+#[derive(Debug, Serialize)]
+struct ShardLine {
+    shard: String,
+    parent: Option<String>,
+    owner: Option<String>,
+    lease: u64,
+    /// Buffer chunks committed, and applied (the cursor).
+    chunks: u64,
+    applied: u64,
+    finished: bool,
+    live: bool,
+    done: bool,
+    lag_seconds: Option<f64>,
+    applied_through: Option<String>,
+}
+
+fn tail_line(shards: &[ShardUnit]) -> Option<TailLine> {
+    if shards.is_empty() {
+        return None;
+    }
+    let now = wall_ms() as f64 / 1000.0;
+    let time = |s: f64| {
+        chrono::DateTime::from_timestamp_millis((s * 1000.0) as i64).map(|t| t.to_rfc3339())
+    };
+    let (lag, through) = fleet_through(shards, now);
+    Some(TailLine {
+        applied_through: through.and_then(time),
+        lag_seconds: lag,
+        shards: shards
+            .iter()
+            .map(|s| {
+                let (lag, through) = if s.cp.done {
+                    (None, None)
+                } else {
+                    fleet_through(std::slice::from_ref(s), now)
+                };
+                ShardLine {
+                    shard: s.id.clone(),
+                    parent: s.parent.clone(),
+                    owner: s.owner.clone(),
+                    lease: s.lease,
+                    chunks: s.cp.chunks,
+                    applied: s.cp.applied,
+                    finished: s.cp.finished,
+                    live: s.cp.live,
+                    done: s.cp.done,
+                    lag_seconds: lag,
+                    applied_through: through.and_then(time),
+                }
+            })
+            .collect(),
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -179,6 +247,7 @@ fn fleet_status(at: &FleetRef, snap: Snapshot) -> FleetStatus {
                 counts: u.counts,
             })
             .collect(),
+        tail: tail_line(&snap.shards),
     }
 }
 
@@ -220,6 +289,28 @@ fn fleet_text(s: &FleetStatus) -> String {
             u.counts.scanned,
             if u.done { ", done" } else { "" }
         );
+    }
+    if let Some(t) = &s.tail {
+        let through = t
+            .applied_through
+            .clone()
+            .unwrap_or_else(|| "not yet (a shard is still buffering)".into());
+        let _ = writeln!(o, "tail: applied through {through}");
+        for x in &t.shards {
+            let _ = writeln!(
+                o,
+                "  shard {}: {} lease {}, {}/{} chunks applied{}{}{}",
+                x.shard,
+                x.owner.as_deref().unwrap_or("free"),
+                x.lease,
+                x.applied,
+                x.chunks,
+                if x.live { ", live" } else { ", buffering" },
+                x.lag_seconds
+                    .map_or(String::new(), |l| format!(", lag {l:.1} s")),
+                if x.done { ", done" } else { "" }
+            );
+        }
     }
     o
 }

@@ -31,6 +31,7 @@ use crate::phase::cutover::CutoverOptions;
 use crate::phase::lifecycle::RunOptions;
 use crate::phase::query::QueryOptions;
 use crate::phase::suggest::{self, SuggestRun};
+use crate::phase::tail::fleet::FleetTailOptions;
 use crate::phase::tail::{Flow, TailOptions};
 use crate::phase::verify::VerifyOptions;
 use crate::phase::verify::fleet::FleetVerifyOptions;
@@ -176,7 +177,13 @@ impl Command {
             Command::Backfill(p) => p.options.stop = stop.clone(),
             Command::Tail(p) => p.options.stop = stop.clone(),
             Command::TailFleet { tail, .. } => tail.options.stop = stop.clone(),
-            Command::Worker(p) => p.options.backfill.stop = stop.clone(),
+            Command::Worker(p) => {
+                p.options.backfill.stop = stop.clone();
+                if let Some(t) = &mut p.options.tail {
+                    // Its own token under the signal's: a failed backfill stops only the tail.
+                    t.stop = stop.child_token();
+                }
+            }
             Command::Verify(p) => p.options.stop = stop.clone(),
             Command::FleetVerify(p) => p.options.verify.stop = stop.clone(),
             Command::Run(p) => {
@@ -653,12 +660,26 @@ fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
     if a.copy.rejects.is_none() {
         backfill.rejects = state_dir.worker_rejects(&worker_id);
     }
+    let tail = match a.tail {
+        false => None,
+        true => Some(FleetTailOptions {
+            max_shards: max_units,
+            exit_when_idle: a
+                .exit_when_idle
+                .map(|s| seconds("--exit-when-idle", s))
+                .transpose()?,
+            poll: tail_options(&state_dir).poll_interval,
+            rejects: state_dir.worker_tail_rejects(&worker_id),
+            stop: backfill.stop.child_token(),
+        }),
+    };
     let options = WorkerOptions {
         backfill,
         fleet,
         worker_id,
         lease,
         max_units,
+        tail,
     };
     Ok(Command::Worker(Planned { plan, options }))
 }

@@ -413,7 +413,16 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                     "dynamodb:PutItem",
                     "dynamodb:UpdateItem",
                     "dynamodb:Query",
+                    // `--tail`: applied buffer chunks are deleted.
+                    "dynamodb:DeleteItem",
                 ]);
+                // `--tail`: the source's stream, and the tail's deletes.
+                n.stream.extend([
+                    "dynamodb:DescribeStream",
+                    "dynamodb:GetShardIterator",
+                    "dynamodb:GetRecords",
+                ]);
+                n.target.insert("dynamodb:DeleteItem");
             }
         }
     }

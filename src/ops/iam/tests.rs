@@ -439,10 +439,13 @@ fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created(
         m["arn:aws:dynamodb:*:*:table/orders"],
         set(&["dynamodb:DescribeTable", "dynamodb:Scan"])
     );
+    // DeleteItem on the target and the control table, and the source's
+    // stream: for `--tail` (the fleet's tail; its applied buffer chunks are deleted).
     assert_eq!(
         m["arn:aws:dynamodb:*:*:table/orders_v2"],
         set(&[
             "dynamodb:BatchWriteItem",
+            "dynamodb:DeleteItem",
             "dynamodb:DescribeTable",
             "dynamodb:PutItem"
         ])
@@ -451,6 +454,7 @@ fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created(
         m["arn:aws:dynamodb:*:*:table/rekey-control"],
         set(&[
             "dynamodb:CreateTable",
+            "dynamodb:DeleteItem",
             "dynamodb:DescribeTable",
             "dynamodb:GetItem",
             "dynamodb:PutItem",
@@ -458,7 +462,15 @@ fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created(
             "dynamodb:UpdateItem"
         ])
     );
-    assert_eq!(m.len(), 3);
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders/stream/*"],
+        set(&[
+            "dynamodb:DescribeStream",
+            "dynamodb:GetRecords",
+            "dynamodb:GetShardIterator",
+        ])
+    );
+    assert_eq!(m.len(), 4);
     assert!(sids.contains(&sid::CONTROL.to_string()));
     // Every action granted is one the code calls.
     let known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();

@@ -216,7 +216,15 @@ impl Tail<'_> {
         } else {
             let reduced = reduce(&self.mapper, &changes, &lanes);
             let table = self.opts.flow.write_table(self.plan);
-            write_rounds(self.clients, table, &self.control, &changes, reduced).await?
+            write_rounds(
+                self.clients,
+                table,
+                &self.control,
+                &changes,
+                reduced,
+                &|| true,
+            )
+            .await?
         };
         self.report.in_sync += applied.in_sync;
         self.report.echoes += applied.echoes;
@@ -249,20 +257,54 @@ impl Tail<'_> {
     }
 }
 
+/// The fence of a fleet's shard closed: no more writes for it.
+#[derive(Debug, thiserror::Error)]
+#[error("the lease on this shard may be gone: no more writes for it")]
+pub struct Fenced;
+
+/// A fleet shard's changes (a re-key plan, forwards) applied to the target
+/// as [`Tail::apply_all`] applies them, each round of writes sent only while
+/// `fence` holds; returns when every write is acknowledged.
+pub(super) async fn apply_fenced(
+    clients: &Clients,
+    plan: &Plan,
+    control: &Control,
+    changes: &[Change],
+    fence: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<Tally> {
+    let mapper = Mapper::new(plan, Flow::Forward);
+    let lanes = lanes(&plan.source_key, changes);
+    let reduced = reduce(&mapper, changes, &lanes);
+    write_rounds(
+        clients,
+        &plan.target_table,
+        control,
+        changes,
+        reduced,
+        fence,
+    )
+    .await
+}
+
 /// Write the reduced writes, a round at a time, each round in batches of 25
-/// with several in flight; refused requests become rejects.
+/// with several in flight, each round only while `fence` holds; refused
+/// requests become rejects.
 async fn write_rounds(
     clients: &Clients,
     table: &str,
     control: &Control,
     changes: &[Change],
     reduced: Reduced,
+    fence: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Tally> {
     let mut applied = Tally {
         rejects: reduced.rejects,
         ..Tally::default()
     };
     for round in &reduced.rounds {
+        if !fence() {
+            return Err(Fenced.into());
+        }
         // The calls made first, then run (a stream mapping `&[Final]` by a
         // closure trips rustc's Send check of the spawned tail).
         let calls: Vec<_> = round

@@ -68,6 +68,24 @@ pub struct TailOptions {
 }
 
 /// One stream record as the tail keeps it (buffered or about to apply).
+/// A stream record as the tail keeps it, with its sequence number.
+pub fn change_of(r: streams::Record) -> (String, Change) {
+    let kind = match r.kind {
+        RecordKind::Insert => ChangeKind::Insert,
+        RecordKind::Modify => ChangeKind::Modify,
+        RecordKind::Remove => ChangeKind::Remove,
+    };
+    let at = r.created_at.unwrap_or_else(now_secs);
+    let change = Change {
+        kind,
+        old: r.old,
+        new: r.new,
+        ttl: r.ttl,
+        at,
+    };
+    (r.seq, change)
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Change {
     pub kind: ChangeKind,
@@ -215,6 +233,7 @@ pub struct TailReport {
 }
 
 mod apply;
+pub mod fleet;
 mod flow;
 mod guard;
 mod publish;
@@ -467,20 +486,7 @@ impl<'a> Tail<'a> {
             .into_iter()
             .map(|r| {
                 seq = Some(r.seq.clone());
-                let kind = match r.kind {
-                    RecordKind::Insert => ChangeKind::Insert,
-                    RecordKind::Modify => ChangeKind::Modify,
-                    RecordKind::Remove => ChangeKind::Remove,
-                };
-                let at = r.created_at.unwrap_or_else(now_secs);
-                let change = Change {
-                    kind,
-                    old: r.old,
-                    new: r.new,
-                    ttl: r.ttl,
-                    at,
-                };
-                (r.seq, change)
+                change_of(r)
             })
             .collect();
         self.report.records += changes.len() as u64;

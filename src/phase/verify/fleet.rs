@@ -25,7 +25,7 @@
 use super::*;
 use crate::aws::control::{Cond, ControlTable};
 use crate::phase::backfill::fleet::{
-    Budgets, Drive, LeaseLost, Leasing, Shared, UnitScan, lead, scan_unit,
+    Beside, Budgets, Drive, LeaseLost, Leasing, Shared, UnitScan, lead, scan_unit,
 };
 use crate::state::fleet::verify::count_pairs;
 use crate::state::fleet::{Checkpoint, Fleet, FleetRef, Lease, Unit};
@@ -321,13 +321,14 @@ pub async fn run_fleet(
         write: None,
     };
     progress.start("verify", Some(t.source.item_count));
-    let outcome = lead(
+    let (outcome, _) = lead(
         &shared,
         drive.clone(),
         &leasing,
         ctx.src.clone(),
         budgets,
         progress,
+        None::<Beside<std::future::Ready<()>>>,
     )
     .await;
     progress.finish();

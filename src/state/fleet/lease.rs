@@ -12,9 +12,49 @@
 //! (half a lease duration), which every real clock does.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::time::Duration;
 
 use super::Unit;
+
+/// What the lease decisions read of a leased item: a Scan segment's unit or
+/// a stream shard's (`super::shard`), judged alike.
+pub trait Leased {
+    type Key: Hash + Eq + Clone;
+    fn key(&self) -> Self::Key;
+    fn owner(&self) -> Option<&str>;
+    fn lease(&self) -> u64;
+    fn beat(&self) -> u64;
+    fn done(&self) -> bool;
+}
+
+/// [`Leased`] for a struct with `owner`, `lease` and `beat` fields, its key
+/// and its done flag where it keeps them.
+macro_rules! leased {
+    ($t:ty, $k:ty, $key:ident, $($done:ident).+) => {
+        impl $crate::state::fleet::lease::Leased for $t {
+            type Key = $k;
+            fn key(&self) -> $k {
+                self.$key.clone()
+            }
+            fn owner(&self) -> Option<&str> {
+                self.owner.as_deref()
+            }
+            fn lease(&self) -> u64 {
+                self.lease
+            }
+            fn beat(&self) -> u64 {
+                self.beat
+            }
+            fn done(&self) -> bool {
+                self.$($done).+
+            }
+        }
+    };
+}
+pub(crate) use leased;
+
+leased!(Unit, u32, n, done);
 
 /// The holder writes only while its last renewal is younger than this share
 /// of the lease duration; a taker waits the whole duration.
@@ -48,23 +88,31 @@ pub enum Judgement {
     Mine,
 }
 
-/// The observations of every unit, updated at each read.
-#[derive(Debug, Default, Clone)]
-pub struct Observer {
-    seen: HashMap<u32, Seen>,
+/// The observations of every unit (or shard), updated at each read.
+#[derive(Debug, Clone)]
+pub struct Observer<K = u32> {
+    seen: HashMap<K, Seen>,
 }
 
-impl Observer {
+impl<K> Default for Observer<K> {
+    fn default() -> Self {
+        Observer {
+            seen: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Observer<K> {
     /// Records what was read at `now`: a (lease, beat) not seen before
     /// starts a new wait.
-    pub fn observe(&mut self, unit: &Unit, now: Duration) -> Seen {
+    pub fn observe<L: Leased<Key = K>>(&mut self, unit: &L, now: Duration) -> Seen {
         let fresh = Seen {
-            lease: unit.lease,
-            beat: unit.beat,
+            lease: unit.lease(),
+            beat: unit.beat(),
             since: now,
         };
-        let e = self.seen.entry(unit.n).or_insert(fresh);
-        if e.lease != unit.lease || e.beat != unit.beat {
+        let e = self.seen.entry(unit.key()).or_insert(fresh);
+        if e.lease != unit.lease() || e.beat != unit.beat() {
             *e = fresh;
         }
         *e
@@ -72,19 +120,27 @@ impl Observer {
 }
 
 /// The decision for `unit`, read at `now` (after [`Observer::observe`]).
-pub fn judge(unit: &Unit, me: &str, seen: &Seen, now: Duration, duration: Duration) -> Judgement {
-    if unit.done {
+pub fn judge<L: Leased>(
+    unit: &L,
+    me: &str,
+    seen: &Seen,
+    now: Duration,
+    duration: Duration,
+) -> Judgement {
+    if unit.done() {
         return Judgement::Done;
     }
-    match unit.owner.as_deref() {
-        None => Judgement::Free { lease: unit.lease },
+    match unit.owner() {
+        None => Judgement::Free {
+            lease: unit.lease(),
+        },
         Some(o) if o == me => Judgement::Mine,
         Some(_) => {
-            let unchanged = seen.lease == unit.lease && seen.beat == unit.beat;
+            let unchanged = seen.lease == unit.lease() && seen.beat == unit.beat();
             if unchanged && now.saturating_sub(seen.since) >= duration {
                 Judgement::Expired {
-                    lease: unit.lease,
-                    beat: unit.beat,
+                    lease: unit.lease(),
+                    beat: unit.beat(),
                 }
             } else {
                 Judgement::Held

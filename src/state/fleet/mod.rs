@@ -25,7 +25,9 @@
 //!
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`.
 
+pub mod held;
 pub mod lease;
+pub mod shard;
 pub mod verify;
 
 use std::collections::BTreeMap;
@@ -102,6 +104,21 @@ pub enum FleetError {
     },
     #[error(transparent)]
     Aws(#[from] AwsError),
+}
+
+/// A failure that passes: a throttle or a transient error of an AWS call
+/// (the control table's or the data's). A worker carries on: a unit or shard
+/// it hit is given up and taken again, a turn is tried again.
+pub fn passing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        let aws = c
+            .downcast_ref::<AwsError>()
+            .or(match c.downcast_ref::<FleetError>() {
+                Some(FleetError::Aws(a)) => Some(a),
+                _ => None,
+            });
+        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
+    })
 }
 
 /// Where a unit resumes.
@@ -204,6 +221,8 @@ pub struct Snapshot {
     pub units: Vec<Unit>,
     pub workers: Vec<WorkerInfo>,
     pub grants: Vec<Grant>,
+    /// The fleet's tail (`rekey worker --tail`): one unit per stream shard.
+    pub shards: Vec<shard::ShardUnit>,
 }
 
 impl Snapshot {
@@ -217,6 +236,16 @@ impl Snapshot {
     pub fn all_done(&self) -> bool {
         !self.units.is_empty() && self.units.iter().all(|u| u.done)
     }
+}
+
+/// What a take was judged on: the item, and the lease counter, owner and
+/// page count read (the take's condition).
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub sk: String,
+    pub owner: Option<String>,
+    pub lease: u64,
+    pub page: u64,
 }
 
 /// The migration in a control table, as one worker sees it.
@@ -316,7 +345,7 @@ impl Fleet {
         }
     }
 
-    fn unit_sk(&self, n: u32) -> String {
+    pub(crate) fn unit_sk(&self, n: u32) -> String {
         format!("{}{n:05}", self.units)
     }
 
@@ -421,6 +450,8 @@ impl Fleet {
                 let u = self.unit_of(&it, &sk)?;
                 snap.grants.extend(grants_of(&it, u.n));
                 snap.units.push(u);
+            } else if sk.starts_with("SHARD#") {
+                snap.shards.push(shard::shard_of(&it));
             } else if let Some(id) = sk.strip_prefix(self.workers_prefix()) {
                 snap.workers.push(WorkerInfo {
                     id: id.into(),
@@ -471,23 +502,43 @@ impl Fleet {
         expired: Option<u64>,
         fence: std::time::Duration,
     ) -> Result<Option<Lease>, FleetError> {
+        let at = Judged {
+            sk: self.unit_sk(unit.n),
+            owner: unit.owner.clone(),
+            lease: unit.lease,
+            page: unit.page,
+        };
+        Ok(self.take_at(&at, expired, fence).await?.then_some(Lease {
+            unit: unit.n,
+            lease: unit.lease + 1,
+        }))
+    }
+
+    /// The take of any leased item (a unit, a shard): see [`Fleet::take`].
+    /// True when this worker now holds lease `at.lease + 1`.
+    pub(crate) async fn take_at(
+        &self,
+        at: &Judged,
+        expired: Option<u64>,
+        fence: std::time::Duration,
+    ) -> Result<bool, FleetError> {
         let sent = wall_ms();
-        let next = unit.lease + 1;
+        let next = at.lease + 1;
         let mut g = Item::new();
         g.insert("owner".into(), s(&self.worker));
         g.insert("granted_ms".into(), n(sent));
-        g.insert("from_page".into(), n(unit.page));
+        g.insert("from_page".into(), n(at.page));
         g.insert("until_ms".into(), n(sent + fence.as_millis() as i64));
         let mut values = vec![
             (":me", s(&self.worker)),
-            (":lease", n(unit.lease)),
+            (":lease", n(at.lease)),
             (":next", n(next)),
             (":zero", n(0)),
             (":f", Value::Bool(false)),
             (":g", Value::M(g)),
-            (":page", n(unit.page)),
+            (":page", n(at.page)),
         ];
-        let condition = match (expired, &unit.owner) {
+        let condition = match (expired, &at.owner) {
             (Some(beat), Some(old)) => {
                 values.push((":old", s(old)));
                 values.push((":beat", n(beat)));
@@ -504,40 +555,38 @@ impl Fleet {
             values,
         );
         e.names.insert("#l".into(), next.to_string());
-        if self
-            .control
-            .update_if(&self.pk(), &self.unit_sk(unit.n), &e)
-            .await?
-            == Cond::Refused
-        {
-            return Ok(None);
-        }
-        Ok(Some(Lease {
-            unit: unit.n,
-            lease: next,
-        }))
+        Ok(self.control.update_if(&self.pk(), &at.sk, &e).await? == Cond::Written)
     }
 
     /// Renews `l`, recording on its grant, in the same write, that its
     /// holder may write until `until_ms`. Refused when the lease is no
     /// longer this worker's.
     pub async fn renew(&self, l: Lease, beat: u64, until_ms: i64) -> Result<Cond, FleetError> {
+        self.renew_at(&self.unit_sk(l.unit), l.lease, beat, until_ms)
+            .await
+    }
+
+    /// The renewal of any leased item by its sort key: see [`Fleet::renew`].
+    pub(crate) async fn renew_at(
+        &self,
+        sk: &str,
+        lease: u64,
+        beat: u64,
+        until_ms: i64,
+    ) -> Result<Cond, FleetError> {
         let mut e = exprs(
             "SET #beat = :beat, #grants.#l.#until_ms = :u",
             "#owner = :me AND #lease = :lease",
             &["owner", "lease", "beat", "grants", "until_ms"],
             vec![
                 (":me", s(&self.worker)),
-                (":lease", n(l.lease)),
+                (":lease", n(lease)),
                 (":beat", n(beat)),
                 (":u", n(until_ms)),
             ],
         );
-        e.names.insert("#l".into(), l.lease.to_string());
-        Ok(self
-            .control
-            .update_if(&self.pk(), &self.unit_sk(l.unit), &e)
-            .await?)
+        e.names.insert("#l".into(), lease.to_string());
+        Ok(self.control.update_if(&self.pk(), sk, &e).await?)
     }
 
     /// Commits a page of `l`'s unit: checkpoint, page count and counters in
@@ -610,21 +659,23 @@ impl Fleet {
     /// Gives `l` back at once (a stop): the next worker need not wait. Its
     /// holder has stopped writing: the grant ends now, in the same write.
     pub async fn release(&self, l: Lease) -> Result<Cond, FleetError> {
+        self.release_at(&self.unit_sk(l.unit), l.lease).await
+    }
+
+    /// The release of any leased item by its sort key: see [`Fleet::release`].
+    pub(crate) async fn release_at(&self, sk: &str, lease: u64) -> Result<Cond, FleetError> {
         let mut e = exprs(
             "REMOVE #owner SET #grants.#l.#until_ms = :now, #grants.#l.#released_ms = :now",
             "#owner = :me AND #lease = :lease",
             &["owner", "lease", "grants", "until_ms", "released_ms"],
             vec![
                 (":me", s(&self.worker)),
-                (":lease", n(l.lease)),
+                (":lease", n(lease)),
                 (":now", n(wall_ms())),
             ],
         );
-        e.names.insert("#l".into(), l.lease.to_string());
-        Ok(self
-            .control
-            .update_if(&self.pk(), &self.unit_sk(l.unit), &e)
-            .await?)
+        e.names.insert("#l".into(), lease.to_string());
+        Ok(self.control.update_if(&self.pk(), sk, &e).await?)
     }
 
     /// This worker's record for `status` and the rate shares.
@@ -732,6 +783,19 @@ impl Fleet {
             _ => Err(self.malformed(&pk, "a refused claim has no source")),
         }
     }
+}
+
+/// Workers whose heartbeat is recent (three lease durations, on this
+/// machine's clock: only the rate shares depend on it).
+pub fn live_workers(snap: &Snapshot, me: &str, duration: std::time::Duration) -> usize {
+    let fresh = (duration.as_millis() as i64) * 3;
+    let now = wall_ms();
+    let others = snap
+        .workers
+        .iter()
+        .filter(|w| w.id != me && w.state == "running" && now - w.heartbeat_ms < fresh)
+        .count();
+    others + 1
 }
 
 /// The grant history kept in a unit item.

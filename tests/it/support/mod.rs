@@ -26,6 +26,7 @@
 pub mod client;
 pub mod export;
 pub mod plan;
+pub mod streams_double;
 pub mod workload;
 
 pub use client::{expected_target, pk_only, pk_sk, target_vs_transform};

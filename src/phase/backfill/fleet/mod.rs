@@ -28,9 +28,13 @@ use tokio::task::JoinSet;
 use super::*;
 use crate::aws::AwsError;
 use crate::aws::control::{Cond, ControlCalls, ControlTable};
+use crate::phase::tail::{self, fleet::FleetTailOptions, fleet::FleetTailReport};
+use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
+use crate::state::fleet::shard::ShardKey;
 use crate::state::fleet::{
-    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, wall_ms,
+    Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit, WorkerInfo, live_workers,
+    passing, wall_ms,
 };
 
 pub use tail_mark::{publish_final, publish_tail};
@@ -49,6 +53,9 @@ pub struct WorkerOptions {
     pub lease: Duration,
     /// Units held at once, at most.
     pub max_units: usize,
+    /// `--tail`: this worker also takes stream shards (`phase::tail::fleet`),
+    /// from before the backfill's first Scan, and runs on once it is done.
+    pub tail: Option<FleetTailOptions>,
 }
 
 /// Segments of a migration created without `--segments`: enough for a
@@ -76,6 +83,9 @@ pub struct WorkerReport {
     pub claims: bool,
     /// Requests this worker sent to the control table.
     pub control_calls: ControlCalls,
+    /// `--tail`: what this worker's share of the stream did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tail: Option<FleetTailReport>,
 }
 
 /// What runs the units a fleet process leases: the backfill's pages
@@ -106,77 +116,39 @@ pub(crate) struct Leasing {
     pub stop: CancellationToken,
 }
 
-/// A lease held, as the heartbeat and the fence see it.
-struct Held {
-    lease: Lease,
-    beat: u64,
-    /// When the last successful renewal (or the take) was sent: own clock.
-    renewed: Duration,
-    /// Cancelled when the lease is lost, the worker stops, or the unit is
-    /// handed back.
-    stop: CancellationToken,
-    /// Being handed back (re-balancing): released once its page in flight
-    /// has committed.
-    handing_back: bool,
-}
-
 /// What the worker's tasks share.
 pub(crate) struct Shared {
     pub(crate) fleet: Fleet,
-    started: Instant,
-    duration: Duration,
-    held: std::sync::Mutex<HashMap<u32, Held>>,
+    /// The units held.
+    units: Holdings<u32>,
+    /// The stream shards held (`rekey worker --tail`): renewed by the same heartbeat.
+    shards: Arc<Holdings<ShardKey>>,
     /// Units this worker handed back (re-balancing), in order.
     handed_back: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Shared {
     pub(crate) fn new(fleet: Fleet, lease: Duration) -> Arc<Shared> {
+        let started = Instant::now();
         Arc::new(Shared {
             fleet,
-            started: Instant::now(),
-            duration: lease,
-            held: std::sync::Mutex::new(HashMap::new()),
+            units: Holdings::new(started, lease),
+            shards: Arc::new(Holdings::new(started, lease)),
             handed_back: std::sync::Mutex::default(),
         })
     }
 
     fn now(&self) -> Duration {
-        self.started.elapsed()
+        self.units.now()
     }
 
     /// The fence: may this worker still write for `unit`?
     pub(crate) fn may_write(&self, unit: u32, l: Lease) -> bool {
-        let now = self.now();
-        self.held
-            .lock()
-            .map(|h| {
-                h.get(&unit).is_some_and(|x| {
-                    x.lease == l && lease::may_write(x.renewed, now, self.duration)
-                })
-            })
-            .unwrap_or(false)
+        self.units.may_write(&unit, l.lease)
     }
 
     fn held_units(&self) -> Vec<u32> {
-        self.held
-            .lock()
-            .map(|h| h.keys().copied().collect())
-            .unwrap_or_default()
-    }
-
-    fn handing_back(&self, unit: Option<u32>) -> bool {
-        self.held
-            .lock()
-            .map(|h| {
-                h.iter()
-                    .any(|(n, x)| x.handing_back && unit.is_none_or(|u| u == *n))
-            })
-            .unwrap_or(false)
-    }
-
-    fn drop_unit(&self, unit: u32) -> Option<Held> {
-        self.held.lock().ok().and_then(|mut h| h.remove(&unit))
+        self.units.keys()
     }
 }
 
@@ -189,12 +161,6 @@ pub(crate) struct Budgets {
 
 fn share_of(total: Option<f64>, live: usize) -> Option<f64> {
     total.map(|t| t / live.max(1) as f64)
-}
-
-/// Workers whose heartbeat is recent (three lease durations, on this
-/// machine's clock: only the rate shares and the share taken depend on it).
-fn live_workers(snap: &Snapshot, me: &str, duration: Duration) -> usize {
-    live_others(snap, me, duration * 3).count() + 1
 }
 
 /// The other workers running with a heartbeat younger than `window`.
@@ -316,9 +282,32 @@ pub async fn run(
         max_units: opts.max_units,
         stop: opts.backfill.stop.clone(),
     };
-    let outcome = lead(&shared, drive.clone(), &leasing, control, budgets, progress).await;
+    // `--tail`: the stream's shards beside the units, under the same
+    // heartbeat; the tail runs on once the backfill is done.
+    let beside = opts.tail.as_ref().map(|t| Beside {
+        run: tail::fleet::run(
+            clients,
+            plan,
+            shared.fleet.clone(),
+            shared.shards.clone(),
+            control.clone(),
+            t,
+        ),
+        stop: t.stop.clone(),
+    });
+    let (outcome, tail) = lead(
+        &shared,
+        drive.clone(),
+        &leasing,
+        control,
+        budgets,
+        progress,
+        beside,
+    )
+    .await;
     progress.finish();
     let (finished, done) = outcome?;
+    let tail = tail.transpose()?;
     let snap = shared.fleet.read().await?;
     let report = WorkerReport {
         worker: opts.worker_id.clone(),
@@ -337,8 +326,9 @@ pub async fn run(
         elapsed_seconds: started.elapsed().as_secs_f64(),
         claims: why.is_some(),
         control_calls: shared.fleet.control.calls(),
+        tail,
     };
-    if !done {
+    if !done || (opts.tail.is_some() && opts.backfill.stop.is_cancelled()) {
         return Err(Stopped.into());
     }
     Ok(report)
@@ -349,14 +339,15 @@ pub async fn run(
 /// `control`), the scheduler (take, re-balance, release), and the last
 /// record (done, stopped or failed). The units this process finished, and
 /// whether every unit is done.
-pub(crate) async fn lead(
+pub(crate) async fn lead<T>(
     shared: &Arc<Shared>,
     drive: Arc<dyn Drive>,
     leasing: &Leasing,
     control: Arc<Control>,
     budgets: Budgets,
     progress: &Progress,
-) -> anyhow::Result<(BTreeSet<u32>, bool)> {
+    beside: Option<Beside<impl Future<Output = T>>>,
+) -> (anyhow::Result<(BTreeSet<u32>, bool)>, Option<T>) {
     let beat_stop = CancellationToken::new();
     let beats = tokio::spawn(heartbeat(
         shared.clone(),
@@ -364,7 +355,20 @@ pub(crate) async fn lead(
         budgets,
         beat_stop.clone(),
     ));
-    let outcome = schedule(shared, &drive, leasing, progress).await;
+    let (outcome, beside) = match beside {
+        None => (schedule(shared, &drive, leasing, progress).await, None),
+        Some(b) => {
+            let units = async {
+                let r = schedule(shared, &drive, leasing, progress).await;
+                if r.is_err() {
+                    b.stop.cancel();
+                }
+                r
+            };
+            let (r, t) = tokio::join!(units, b.run);
+            (r, Some(t))
+        }
+    };
     beat_stop.cancel();
     let _ = beats.await;
     // After the last heartbeat, which would say "running" again.
@@ -376,7 +380,14 @@ pub(crate) async fn lead(
     if let Err(e) = shared.fleet.report_worker(&[], 0.0, 0.0, state).await {
         tracing::warn!(error = %e, "cannot report this worker");
     }
-    outcome
+    (outcome, beside)
+}
+
+/// Work that runs beside a process's units under the same heartbeat (the
+/// worker's `--tail`), and outlives them: stopped with `stop` if the units fail.
+pub(crate) struct Beside<F> {
+    pub run: F,
+    pub stop: CancellationToken,
 }
 
 /// Renews every lease held, then reports this worker and re-reads the
@@ -390,7 +401,7 @@ async fn heartbeat(
 ) {
     // A fixed beat: the time the renewals take is not added to the wait
     // before the next ones (under load it was, and holders fenced themselves).
-    let mut beat = tokio::time::interval(shared.duration / BEATS_PER_LEASE);
+    let mut beat = tokio::time::interval(shared.units.duration / BEATS_PER_LEASE);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut live_before = 0;
     loop {
@@ -401,7 +412,7 @@ async fn heartbeat(
         renew_all(&shared).await;
         let me = shared.fleet.worker.clone();
         let live = match shared.fleet.read_workers().await {
-            Ok(snap) => live_workers(&snap, &me, shared.duration),
+            Ok(snap) => live_workers(&snap, &me, shared.units.duration),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the control table");
                 live_before.max(1)
@@ -429,50 +440,14 @@ async fn heartbeat(
     }
 }
 
-/// One renewal of each lease held. A refused renewal means the lease is
-/// gone: its unit stops at once.
+/// One renewal of each lease held, units and shards. A refused renewal
+/// means the lease is gone: its unit (or shard) stops at once.
 async fn renew_all(shared: &Shared) {
-    let held: Vec<(u32, Lease, u64)> = match shared.held.lock() {
-        Ok(h) => h
-            .values()
-            .map(|x| (x.lease.unit, x.lease, x.beat))
-            .collect(),
-        Err(_) => return,
-    };
-    // All at once: one after another, a worker holding many units renewed
-    // its last lease a whole round trip per unit late.
-    futures::future::join_all(
-        held.into_iter()
-            .map(|(unit, l, beat)| renew_one(shared, unit, l, beat)),
+    futures::future::join(
+        shared.units.renew_all(&shared.fleet),
+        shared.shards.renew_all(&shared.fleet),
     )
     .await;
-}
-
-/// One lease's renewal, and what its answer means for the unit.
-async fn renew_one(shared: &Shared, unit: u32, l: Lease, beat: u64) {
-    let sent = shared.now();
-    // The grant says, atomically with the renewal, how long this worker may write.
-    let until = wall_ms() + shared.duration.mul_f64(FENCE_FRACTION).as_millis() as i64;
-    match shared.fleet.renew(l, beat + 1, until).await {
-        Ok(Cond::Written) => {
-            if let Ok(mut h) = shared.held.lock()
-                && let Some(x) = h.get_mut(&unit)
-                && x.lease == l
-            {
-                x.renewed = sent;
-                x.beat = beat + 1;
-            }
-        }
-        Ok(Cond::Refused) => {
-            tracing::warn!(unit, lease = l.lease, "lease lost: the unit stops");
-            if let Some(x) = shared.drop_unit(unit) {
-                x.stop.cancel();
-            }
-        }
-        Err(e) => {
-            tracing::warn!(unit, error = %e, "renewal failed; the fence closes unless the next one lands")
-        }
-    }
 }
 
 /// Takes units while there are some to take, runs each, and ends when every
@@ -488,7 +463,7 @@ async fn schedule(
     let mut observer = Observer::default();
     let mut tasks: JoinSet<(u32, anyhow::Result<bool>)> = JoinSet::new();
     let mut finished = BTreeSet::new();
-    let every = shared.duration / BEATS_PER_LEASE;
+    let every = shared.units.duration / BEATS_PER_LEASE;
     let result = loop {
         if stop.is_cancelled() {
             break Ok(false);
@@ -512,13 +487,7 @@ async fn schedule(
         }
     };
     // Pages in flight finish and commit; then what is held goes back.
-    for u in shared.held_units() {
-        if let Ok(h) = shared.held.lock()
-            && let Some(x) = h.get(&u)
-        {
-            x.stop.cancel();
-        }
-    }
+    shared.units.cancel_all();
     while let Some(r) = tasks.join_next().await {
         if let Err(e) = unit_ended(shared, r, &mut finished).await
             && result.is_ok()
@@ -526,7 +495,7 @@ async fn schedule(
             return Err(e);
         }
     }
-    release_all(shared).await;
+    shared.units.release_all(&shared.fleet).await;
     result.map(|done| (finished, done))
 }
 
@@ -558,7 +527,7 @@ async fn step(
 /// from that checkpoint. The unit handed back is the one with the fewest
 /// pages committed: the most work moves.
 fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
-    if shared.handing_back(None) || opts.stop.is_cancelled() {
+    if shared.units.handing_back(None) || opts.stop.is_cancelled() {
         return;
     }
     let me = shared.fleet.worker.as_str();
@@ -571,7 +540,7 @@ fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
             .filter(|u| u.owner.as_deref() == Some(id))
             .count()
     };
-    let others: Vec<&WorkerInfo> = live_others(snap, me, shared.duration).collect();
+    let others: Vec<&WorkerInfo> = live_others(snap, me, shared.units.duration).collect();
     let balance = lease::Balance {
         held: held.len(),
         open: snap.units.iter().filter(open).count(),
@@ -596,16 +565,12 @@ fn rebalance(shared: &Shared, opts: &Leasing, snap: &Snapshot) {
     else {
         return;
     };
-    if let Ok(mut h) = shared.held.lock()
-        && let Some(x) = h.get_mut(&unit.n)
-    {
+    if shared.units.hand_back(&unit.n) {
         tracing::info!(
             unit = unit.n,
             ?balance,
             "handing the unit back at its next page boundary"
         );
-        x.handing_back = true;
-        x.stop.cancel();
     }
 }
 
@@ -634,20 +599,6 @@ async fn report_progress(
     progress.update(snap.totals().scanned, 0.0);
 }
 
-/// A failure that passes: a throttle or a transient error of an AWS call.
-/// The worker carries on (a unit it hit is given up and taken again).
-fn passing(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        let aws = c
-            .downcast_ref::<AwsError>()
-            .or(match c.downcast_ref::<FleetError>() {
-                Some(FleetError::Aws(a)) => Some(a),
-                _ => None,
-            });
-        aws.is_some_and(|a| a.is_transient() || a.is_throttle())
-    })
-}
-
 /// Units to take now: this worker's share of those not done, free ones
 /// first, then those whose lease expired (judged on this worker's clock).
 async fn take_units(
@@ -663,7 +614,7 @@ async fn take_units(
     let open = snap.units.iter().filter(|u| !u.done).count();
     let want = lease::share(
         open,
-        live_workers(snap, &me, shared.duration),
+        live_workers(snap, &me, shared.units.duration),
         opts.max_units,
     );
     let mut free = Vec::new();
@@ -673,7 +624,7 @@ async fn take_units(
         let seen = observer.observe(u, now);
         // A unit this worker let go (its fence closed) is judged as anyone's.
         let who = if held.contains(&u.n) { me.as_str() } else { "" };
-        match lease::judge(u, who, &seen, now, shared.duration) {
+        match lease::judge(u, who, &seen, now, shared.units.duration) {
             Judgement::Free { .. } => free.push(u),
             Judgement::Expired { beat, .. } => expired.push((u, beat)),
             _ => {}
@@ -693,7 +644,7 @@ async fn take_units(
         let sent = shared.now();
         let Some(l) = shared
             .fleet
-            .take(u, beat, shared.duration.mul_f64(FENCE_FRACTION))
+            .take(u, beat, shared.units.duration.mul_f64(FENCE_FRACTION))
             .await?
         else {
             continue; // another worker was first
@@ -706,18 +657,7 @@ async fn take_units(
             "unit taken"
         );
         let token = opts.stop.child_token();
-        if let Ok(mut h) = shared.held.lock() {
-            h.insert(
-                u.n,
-                Held {
-                    lease: l,
-                    beat: 0,
-                    renewed: sent,
-                    stop: token.clone(),
-                    handing_back: false,
-                },
-            );
-        }
+        shared.units.insert(u.n, l.lease, sent, token.clone());
         let (drive, unit) = (drive.clone(), u.clone());
         tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) });
     }
@@ -744,15 +684,21 @@ async fn unit_ended(
     };
     match r {
         Ok(true) => {
-            shared.drop_unit(unit);
+            shared.units.remove(&unit);
             finished.insert(unit);
             tracing::info!(unit, "unit done");
             Ok(())
         }
         // Handed back (re-balancing): its page in flight committed, released now.
-        Ok(false) if shared.handing_back(Some(unit)) => {
-            if let Some(x) = shared.drop_unit(unit) {
-                let r = shared.fleet.release(x.lease).await;
+        Ok(false) if shared.units.handing_back(Some(&unit)) => {
+            if let Some(x) = shared.units.remove(&unit) {
+                let r = shared
+                    .fleet
+                    .release(Lease {
+                        unit,
+                        lease: x.lease,
+                    })
+                    .await;
                 tracing::info!(unit, released = ?r.ok(), "unit handed back");
                 if let Ok(mut v) = shared.handed_back.lock() {
                     v.push(unit);
@@ -764,30 +710,11 @@ async fn unit_ended(
         Ok(false) => Ok(()),
         Err(e) if unit::lost(&e) || passing(&e) => {
             tracing::warn!(unit, error = %e, "unit given up: its lease is gone, or a call failed");
-            if let Some(x) = shared.drop_unit(unit) {
-                // Still ours if only the fence closed: hand it over at once.
-                let _ = shared.fleet.release(x.lease).await;
-            }
+            // Still ours if only the fence closed: hand it over at once.
+            shared.units.give_back(&shared.fleet, &unit).await;
             Ok(())
         }
         Err(e) => Err(e.context(format!("unit {unit}"))),
-    }
-}
-
-/// Gives back every lease still held (a stop), so that another worker
-/// takes the units at once instead of waiting for them to expire.
-async fn release_all(shared: &Shared) {
-    let held: Vec<Held> = match shared.held.lock() {
-        Ok(mut h) => h.drain().map(|(_, x)| x).collect(),
-        Err(_) => return,
-    };
-    for x in held {
-        match shared.fleet.release(x.lease).await {
-            Ok(_) => tracing::info!(unit = x.lease.unit, "lease released"),
-            Err(e) => {
-                tracing::warn!(unit = x.lease.unit, error = %e, "cannot release; it expires instead")
-            }
-        }
     }
 }
 

@@ -1,0 +1,562 @@
+//! The fleet's tail (`rekey worker --tail`): the source's stream shared by N
+//! workers, one lease per shard, under the same lease protocol, heartbeat
+//! and fence as the backfill's Scan segments ([`crate::state::fleet::shard`]).
+//!
+//! Why inside `rekey worker`: an operator runs one kind of fleet process,
+//! which backfills and tails; the tail must read the stream from before the
+//! backfill's first Scan, and a worker that joins later takes over whatever
+//! shard or segment is free. The single-machine `rekey tail` is unchanged.
+//!
+//! A holder buffers its shard's records as deflated chunks in the control
+//! table while the fleet's backfill is not done (a worker's disk is not
+//! durable for a fleet), applies its chunks in order once it is and once the
+//! parent shard is done, then applies records as it reads them. Every write
+//! to the target and every commit is fenced; a refused commit or put means
+//! the lease is gone and the shard stops at once.
+
+use std::sync::Arc;
+use std::sync::Mutex as SyncMutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+
+use super::apply::{Fenced, apply_fenced};
+use super::*;
+use crate::aws::control::Cond;
+use crate::state::fleet::held::Holdings;
+use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
+use crate::state::fleet::shard::{
+    self as shard_state, CHUNK_LIMIT, ShardCheckpoint, ShardKey, ShardUnit, Step,
+};
+use crate::state::fleet::{Fleet, live_workers, passing};
+
+/// How a worker tails.
+#[derive(Debug, Clone)]
+pub struct FleetTailOptions {
+    /// Shards held at once, at most.
+    pub max_shards: usize,
+    /// Exit once the fleet's backfill is done, every shard's buffer applied
+    /// and no shard has moved for this long (None: run until stopped).
+    pub exit_when_idle: Option<Duration>,
+    /// Between reads of a shard that had nothing new.
+    pub poll: Duration,
+    /// This worker's tail rejects.
+    pub rejects: PathBuf,
+    pub stop: CancellationToken,
+}
+
+/// What this worker's tail did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetTailReport {
+    pub records: u64,
+    pub buffered: u64,
+    pub chunks_written: u64,
+    pub chunks_applied: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    pub rejected: u64,
+    /// Shards this worker finished (read to their end, everything applied).
+    pub shards_done: Vec<String>,
+    pub shards: usize,
+}
+
+/// What the scheduler last read, for the holders: no extra requests.
+#[derive(Default)]
+struct Seen {
+    backfill_done: bool,
+    shards: Vec<ShardUnit>,
+}
+
+/// What every shard holder of this worker shares.
+struct Ctx {
+    clients: Clients,
+    plan: Arc<Plan>,
+    fleet: Fleet,
+    held: Arc<Holdings<ShardKey>>,
+    control: Arc<Control>,
+    stream: String,
+    poll: Duration,
+    seen: SyncMutex<Seen>,
+    rejects: Mutex<RejectsFile>,
+    report: Mutex<FleetTailReport>,
+}
+
+/// Runs this worker's share of the tail until a stop or, with
+/// `exit_when_idle`, until the fleet's tail is caught up and quiet.
+pub async fn run(
+    clients: &Clients,
+    plan: &Plan,
+    fleet: Fleet,
+    held: Arc<Holdings<ShardKey>>,
+    control: Arc<Control>,
+    opts: &FleetTailOptions,
+) -> anyhow::Result<FleetTailReport> {
+    let info = clients.describe_table(&plan.source_table).await?;
+    info.check_key(&plan.source_key, "source")?;
+    let stream = source_stream(&info, Flow::Forward)?;
+    let ctx = Arc::new(Ctx {
+        clients: clients.clone(),
+        plan: Arc::new(plan.clone()),
+        fleet,
+        held,
+        control,
+        stream,
+        poll: opts.poll,
+        seen: SyncMutex::new(Seen::default()),
+        rejects: Mutex::new(RejectsFile::open(&opts.rejects)?),
+        report: Mutex::new(FleetTailReport::default()),
+    });
+    let mut tasks: JoinSet<(String, anyhow::Result<bool>)> = JoinSet::new();
+    let result = schedule(&ctx, opts, &mut tasks).await;
+    ctx.held.cancel_all();
+    while let Some(r) = tasks.join_next().await {
+        if let Err(e) = ended(&ctx, r).await
+            && result.is_ok()
+        {
+            return Err(e);
+        }
+    }
+    ctx.held.release_all(&ctx.fleet).await;
+    ctx.rejects.lock().await.flush_len()?;
+    result?;
+    let report = ctx.report.lock().await.clone();
+    Ok(report)
+}
+
+/// Every beat: list the stream, create the shards' units, take this
+/// worker's share of those that may be taken, and see whether to exit.
+async fn schedule(
+    ctx: &Arc<Ctx>,
+    opts: &FleetTailOptions,
+    tasks: &mut JoinSet<(String, anyhow::Result<bool>)>,
+) -> anyhow::Result<()> {
+    let every = ctx.held.duration / BEATS_PER_LEASE;
+    let mut observer: Observer<String> = Observer::default();
+    let mut quiet = Quiet::default();
+    loop {
+        if opts.stop.is_cancelled() {
+            return Ok(());
+        }
+        match turn(ctx, opts, &mut observer, tasks).await {
+            Ok(shards) => {
+                if let Some(idle) = opts.exit_when_idle
+                    && quiet.idle_for(&shards, ctx.held.now()) >= idle
+                {
+                    return Ok(());
+                }
+            }
+            Err(e) if passing(&e) => tracing::warn!(error = %e, "fleet tail: trying again"),
+            Err(e) => return Err(e),
+        }
+        let ended_now = tokio::select! {
+            () = opts.stop.cancelled() => None,
+            () = tokio::time::sleep(every) => None,
+            Some(r) = tasks.join_next() => Some(r),
+        };
+        if let Some(r) = ended_now {
+            ended(ctx, r).await?;
+        }
+    }
+}
+
+/// One look: returns the shards' units when the fleet's tail is caught up
+/// (the backfill done, every shard live with its buffer applied, none free
+/// or expired), else an empty list.
+async fn turn(
+    ctx: &Arc<Ctx>,
+    opts: &FleetTailOptions,
+    observer: &mut Observer<String>,
+    tasks: &mut JoinSet<(String, anyhow::Result<bool>)>,
+) -> anyhow::Result<Vec<ShardUnit>> {
+    let listed = streams::describe_shards(&ctx.clients, &ctx.stream).await?;
+    let mut shards = ctx.fleet.read_shards().await?;
+    let missing: Vec<_> = listed
+        .iter()
+        .filter(|l| !shards.iter().any(|s| s.id == l.id))
+        .collect();
+    if !missing.is_empty() {
+        for l in missing {
+            ctx.fleet.create_shard(l).await?;
+        }
+        shards = ctx.fleet.read_shards().await?;
+    }
+    let snap = ctx.fleet.read_workers().await?;
+    let backfill_done = ctx.fleet.meta().await?.is_some_and(|m| m.done_ms.is_some());
+    if let Ok(mut seen) = ctx.seen.lock() {
+        seen.backfill_done = backfill_done;
+        seen.shards = shards.clone();
+    }
+    ctx.report.lock().await.shards = shards.len();
+    let now = ctx.held.now();
+    let me = ctx.fleet.worker.clone();
+    let takeable = shard_state::may_take(&shards);
+    let open = takeable.len();
+    let want = lease::share(
+        open,
+        live_workers(&snap, &me, ctx.held.duration),
+        opts.max_shards,
+    );
+    let mine = ctx.held.keys();
+    let mut candidates = Vec::new();
+    let mut unsettled = false;
+    for u in &shards {
+        let seen = observer.observe(u, now);
+        let who = if mine.contains(&ShardKey(u.id.clone())) {
+            me.as_str()
+        } else {
+            ""
+        };
+        match lease::judge(u, who, &seen, now, ctx.held.duration) {
+            Judgement::Free { .. } if takeable.contains(&u.id) => candidates.push((u, None)),
+            Judgement::Expired { beat, .. } if takeable.contains(&u.id) => {
+                candidates.push((u, Some(beat)))
+            }
+            Judgement::Done => continue,
+            Judgement::Free { .. } | Judgement::Expired { .. } => unsettled = true,
+            Judgement::Held | Judgement::Mine => {}
+        }
+        unsettled |= !u.cp.live || u.cp.applied < u.cp.chunks;
+    }
+    unsettled |= !candidates.is_empty() || !backfill_done || shards.is_empty();
+    // A held shard waiting on its parent does not count against the share:
+    // else the holders of children could leave a dead holder's parent
+    // untaken, and wait on it forever.
+    let mut busy = mine
+        .iter()
+        .filter(|k| shard_state::may_apply(&shards, &k.0))
+        .count();
+    for (u, beat) in candidates {
+        if busy >= want || opts.stop.is_cancelled() {
+            break;
+        }
+        let sent = ctx.held.now();
+        let fence = ctx.held.duration.mul_f64(FENCE_FRACTION);
+        let Some(l) = ctx.fleet.take_shard(u, beat, fence).await? else {
+            continue; // another worker was first
+        };
+        tracing::info!(shard = %u.id, lease = l, taken_over = beat.is_some(), "shard taken");
+        busy += usize::from(shard_state::may_apply(&shards, &u.id));
+        let token = opts.stop.child_token();
+        ctx.held
+            .insert(ShardKey(u.id.clone()), l, sent, token.clone());
+        let (c, unit) = (ctx.clone(), u.clone());
+        tasks.spawn(async move { (unit.id.clone(), c.hold(unit, l, token).await) });
+    }
+    Ok(if unsettled { Vec::new() } else { shards })
+}
+
+/// How long the fleet's tail has been caught up with nothing moving.
+#[derive(Default)]
+struct Quiet {
+    last: Vec<(String, Option<String>, u64)>,
+    since: Duration,
+}
+
+impl Quiet {
+    /// `shards` empty: not caught up (the wait starts again).
+    fn idle_for(&mut self, shards: &[ShardUnit], now: Duration) -> Duration {
+        let sig: Vec<_> = shards
+            .iter()
+            .map(|s| (s.id.clone(), s.cp.seq.clone(), s.cp.applied))
+            .collect();
+        if shards.is_empty() || sig != self.last {
+            self.last = sig;
+            self.since = now;
+        }
+        now.saturating_sub(self.since)
+    }
+}
+
+/// The lease on a shard is gone: it stops, another worker resumes it.
+#[derive(Debug, thiserror::Error)]
+#[error("shard {shard}: lease {lease} is no longer this worker's")]
+pub struct ShardLost {
+    pub shard: String,
+    pub lease: u64,
+}
+
+/// A holder's task ended: done, stopped, lost or passing (given back), or failed.
+async fn ended(
+    ctx: &Ctx,
+    r: Result<(String, anyhow::Result<bool>), tokio::task::JoinError>,
+) -> anyhow::Result<()> {
+    let (id, r) = match r {
+        Ok(x) => x,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => return Ok(()),
+    };
+    let key = ShardKey(id.clone());
+    match r {
+        Ok(true) => {
+            ctx.held.give_back(&ctx.fleet, &key).await;
+            ctx.report.lock().await.shards_done.push(id);
+            Ok(())
+        }
+        Ok(false) => Ok(()),
+        Err(e) if e.chain().any(|c| c.is::<ShardLost>() || c.is::<Fenced>()) || passing(&e) => {
+            tracing::warn!(shard = %id, error = %e, "shard given up: its lease is gone, or a call failed");
+            ctx.held.give_back(&ctx.fleet, &key).await;
+            Ok(())
+        }
+        Err(e) => Err(e.context(format!("shard {id}"))),
+    }
+}
+
+impl Ctx {
+    fn lost(&self, u: &ShardUnit, lease: u64) -> anyhow::Error {
+        ShardLost {
+            shard: u.id.clone(),
+            lease,
+        }
+        .into()
+    }
+
+    fn fence(&self, u: &ShardUnit, lease: u64) -> anyhow::Result<()> {
+        if self.held.may_write(&ShardKey(u.id.clone()), lease) {
+            Ok(())
+        } else {
+            Err(self.lost(u, lease))
+        }
+    }
+
+    /// What the scheduler last read: the fleet's backfill done, the parent done.
+    fn gates(&self, id: &str) -> (bool, bool) {
+        self.seen.lock().map_or((false, false), |s| {
+            (s.backfill_done, shard_state::may_apply(&s.shards, id))
+        })
+    }
+
+    /// Holds shard `u` under `lease` until it is done (true), `stop` (false)
+    /// or the lease is lost ([`ShardLost`]).
+    async fn hold(
+        self: Arc<Self>,
+        mut u: ShardUnit,
+        lease: u64,
+        stop: CancellationToken,
+    ) -> anyhow::Result<bool> {
+        let mut iterator: Option<String> = None;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(false);
+            }
+            let (backfill_done, parent_done) = self.gates(&u.id);
+            let step = shard_state::step(&u, backfill_done, parent_done);
+            let idle = match step {
+                Step::Done => return Ok(true),
+                Step::Finish => {
+                    let mut c = u.cp.clone();
+                    c.live = true;
+                    c.done = true;
+                    self.commit(&mut u, lease, c).await?;
+                    tracing::info!(shard = %u.id, "shard done");
+                    return Ok(true);
+                }
+                Step::Wait => true,
+                Step::Apply(k) => {
+                    self.apply_chunk(&mut u, lease, k).await?;
+                    false
+                }
+                Step::Buffer | Step::Live => {
+                    let live = step == Step::Live;
+                    !self.read(&mut u, lease, live, &mut iterator).await?
+                }
+            };
+            if idle {
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    () = tokio::time::sleep(self.poll) => {}
+                }
+            }
+        }
+    }
+
+    /// Commits `c` (fenced); refused: the lease is gone.
+    async fn commit(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        c: ShardCheckpoint,
+    ) -> anyhow::Result<()> {
+        self.commit_applied(u, lease, c, false).await
+    }
+
+    /// [`Ctx::commit`] of writes to the target (`applies`).
+    async fn commit_applied(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        c: ShardCheckpoint,
+        applies: bool,
+    ) -> anyhow::Result<()> {
+        self.fence(u, lease)?;
+        let was = u.cp.clone();
+        if self
+            .fleet
+            .commit_shard(&u.id, lease, &was, &c, applies)
+            .await?
+            == Cond::Refused
+        {
+            return Err(self.lost(u, lease));
+        }
+        u.cp = c;
+        Ok(())
+    }
+
+    /// Applies chunk `k`, moves the cursor past it, then deletes it.
+    async fn apply_chunk(&self, u: &mut ShardUnit, lease: u64, k: u64) -> anyhow::Result<()> {
+        let bytes = self.fleet.get_chunk(&u.id, k).await?;
+        let records: Vec<(String, Change)> = shard_state::unpack(&bytes)
+            .map_err(|e| anyhow::anyhow!("shard {} chunk {k}: {e}", u.id))?;
+        let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
+        self.apply(u, lease, &changes).await?;
+        let mut c = u.cp.clone();
+        c.applied = k + 1;
+        c.record_at = changes
+            .iter()
+            .map(|x| x.at)
+            .reduce(f64::max)
+            .or(c.record_at);
+        self.commit_applied(u, lease, c, true).await?;
+        self.report.lock().await.chunks_applied += 1;
+        tracing::info!(shard = %u.id, chunk = k, records = changes.len(), "buffer chunk applied");
+        if let Err(e) = self.fleet.delete_chunk(&u.id, k).await {
+            // Below the cursor: never read again, only left behind.
+            tracing::warn!(shard = %u.id, chunk = k, error = %e, "cannot delete an applied chunk");
+        }
+        Ok(())
+    }
+
+    /// Applies `changes` under the fence; counts and rejects.
+    async fn apply(&self, u: &ShardUnit, lease: u64, changes: &[Change]) -> anyhow::Result<()> {
+        self.fence(u, lease)?;
+        let key = ShardKey(u.id.clone());
+        let held = self.held.clone();
+        let fence = move || held.may_write(&key, lease);
+        let t = apply_fenced(&self.clients, &self.plan, &self.control, changes, &fence).await?;
+        let mut r = self.report.lock().await;
+        r.puts += t.puts;
+        r.deletes += t.deletes;
+        r.rejected += t.rejects.len() as u64;
+        let mut file = self.rejects.lock().await;
+        for (item, reason) in &t.rejects {
+            file.write(item, &format!("tail: {reason}"))?;
+        }
+        file.flush_len()?;
+        Ok(())
+    }
+
+    /// One GetRecords of the shard: buffered as chunks, or applied (`live`),
+    /// then committed. True when records came.
+    async fn read(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        live: bool,
+        iterator: &mut Option<String>,
+    ) -> anyhow::Result<bool> {
+        let it = match iterator.take() {
+            Some(i) => i,
+            None => {
+                let start = u.cp.seq.as_deref().map_or(Start::TrimHorizon, Start::After);
+                streams::shard_iterator(&self.clients, &self.stream, &u.id, start).await?
+            }
+        };
+        let read_at = now_secs();
+        let page = match streams::get_records(&self.clients, &self.stream, &it).await {
+            Ok(p) => p,
+            Err(ReadError::Expired) => return Ok(true),
+            Err(ReadError::Trimmed) => anyhow::bail!(
+                "shard {}: records were trimmed from the stream before the fleet read them \
+                 (TrimmedDataAccessException); changes were lost and a new backfill is needed",
+                u.id
+            ),
+            Err(ReadError::Aws(e)) => return Err(e.into()),
+        };
+        let finished = page.next.is_none();
+        *iterator = page.next.clone();
+        let records: Vec<(String, Change)> = page.records.into_iter().map(change_of).collect();
+        self.report.lock().await.records += records.len() as u64;
+        let got = !records.is_empty();
+        if live {
+            self.read_live(u, lease, records, finished, read_at).await?;
+        } else {
+            self.buffer(u, lease, records, finished).await?;
+        }
+        Ok(got)
+    }
+
+    async fn read_live(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        records: Vec<(String, Change)>,
+        finished: bool,
+        read_at: f64,
+    ) -> anyhow::Result<()> {
+        let mut c = u.cp.clone();
+        c.live = true;
+        c.finished = finished;
+        let applies = !records.is_empty();
+        if let Some((seq, _)) = records.last() {
+            c.seq = Some(seq.clone());
+            let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
+            self.apply(u, lease, &changes).await?;
+            c.record_at = changes
+                .iter()
+                .map(|x| x.at)
+                .reduce(f64::max)
+                .or(c.record_at);
+        } else {
+            // An empty read: said at most once a beat (it costs a write).
+            let beat = self.held.duration.as_secs_f64() / f64::from(BEATS_PER_LEASE);
+            let said = u.cp.empty_read_at.unwrap_or(0.0);
+            if u.cp.live && !finished && read_at - said < beat {
+                return Ok(());
+            }
+            c.empty_read_at = Some(read_at);
+        }
+        self.commit_applied(u, lease, c, applies).await
+    }
+
+    /// Buffers the records as chunks, each written then committed.
+    async fn buffer(
+        &self,
+        u: &mut ShardUnit,
+        lease: u64,
+        records: Vec<(String, Change)>,
+        finished: bool,
+    ) -> anyhow::Result<()> {
+        if records.is_empty() {
+            if finished {
+                let mut c = u.cp.clone();
+                c.finished = true;
+                self.commit(u, lease, c).await?;
+            }
+            return Ok(());
+        }
+        let pieces = shard_state::pack(&records, CHUNK_LIMIT)
+            .map_err(|e| anyhow::anyhow!("shard {}: {e}", u.id))?;
+        let last = pieces.len() - 1;
+        let mut start = 0;
+        for (i, (end, bytes)) in pieces.into_iter().enumerate() {
+            let n = u.cp.chunks;
+            self.fence(u, lease)?;
+            if self.fleet.put_chunk(&u.id, n, lease, bytes).await? == Cond::Refused {
+                return Err(self.lost(u, lease));
+            }
+            let mut c = u.cp.clone();
+            c.seq = Some(records[end - 1].0.clone());
+            c.chunks = n + 1;
+            c.finished = finished && i == last;
+            self.commit(u, lease, c).await?;
+            let mut r = self.report.lock().await;
+            r.chunks_written += 1;
+            r.buffered += (end - start) as u64;
+            start = end;
+        }
+        tracing::info!(shard = %u.id, chunks = u.cp.chunks, "buffer chunk committed");
+        Ok(())
+    }
+}

@@ -1,0 +1,225 @@
+//! A DynamoDB Streams double: a small HTTP server speaking DescribeStream,
+//! GetShardIterator and GetRecords from a recorded multi-shard scenario,
+//! reached by the real SDK through AWS_ENDPOINT_URL_DYNAMODB_STREAMS (the
+//! local server keeps one shard per stream). Used by `lineage` (one tail)
+//! and `fleet_tail` (shards leased across workers).
+
+use std::sync::{Arc, Mutex};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+pub use serde_json::{Value as Json, json};
+
+/// One recorded shard: its parent, whether it is closed, its records.
+pub struct Shard {
+    pub id: &'static str,
+    pub parent: Option<&'static str>,
+    pub closed: bool,
+    pub records: Vec<Json>,
+}
+
+pub struct Double {
+    pub shards: Vec<Shard>,
+    /// GetRecords calls that answer ExpiredIteratorException first, per shard.
+    pub expire_once: Mutex<Vec<&'static str>>,
+    /// Shards whose records were trimmed: GetRecords answers TrimmedDataAccessException.
+    pub trimmed: Vec<&'static str>,
+    pub calls: Mutex<Vec<String>>,
+}
+
+pub fn record(seq: u64, kind: &str, old: Option<Json>, new: Option<Json>) -> Json {
+    let mut d = json!({"SequenceNumber": format!("{seq:021}"), "SizeBytes": 10, "StreamViewType": "NEW_AND_OLD_IMAGES",
+        "ApproximateCreationDateTime": 1.7e9, "Keys": {"PK": (new.as_ref().or(old.as_ref()).unwrap())["PK"].clone()}});
+    if let Some(o) = old {
+        d["OldImage"] = o;
+    }
+    if let Some(n) = new {
+        d["NewImage"] = n;
+    }
+    json!({"eventID": format!("e{seq}"), "eventName": kind, "eventVersion": "1.1", "eventSource": "aws:dynamodb", "awsRegion": "us-east-1", "dynamodb": d})
+}
+
+pub fn img(id: u32, status: &str, v: u32) -> Json {
+    json!({"PK": {"S": format!("O#{id}")}, "status": {"S": status}, "v": {"N": v.to_string()}})
+}
+
+fn error(kind: &str) -> (u16, Json) {
+    (
+        400,
+        json!({"__type": format!("com.amazonaws.dynamodb.v20120810#{kind}"), "message": kind}),
+    )
+}
+
+impl Double {
+    fn answer(&self, target: &str, body: &Json) -> (u16, Json) {
+        self.calls.lock().unwrap().push(target.to_string());
+        match target {
+            "DescribeStream" => {
+                let shards: Vec<Json> = self
+                    .shards
+                    .iter()
+                    .map(|s| {
+                        let first = s.records.first().map_or("0".to_string(), |r| {
+                            r["dynamodb"]["SequenceNumber"]
+                                .as_str()
+                                .unwrap()
+                                .to_string()
+                        });
+                        let mut range = json!({"StartingSequenceNumber": first});
+                        if s.closed {
+                            range["EndingSequenceNumber"] = json!("999999999999999999999");
+                        }
+                        let mut j = json!({"ShardId": s.id, "SequenceNumberRange": range});
+                        if let Some(p) = s.parent {
+                            j["ParentShardId"] = json!(p);
+                        }
+                        j
+                    })
+                    .collect();
+                (
+                    200,
+                    json!({"StreamDescription": {"StreamArn": body["StreamArn"], "StreamStatus": "ENABLED",
+                    "StreamViewType": "NEW_AND_OLD_IMAGES", "Shards": shards}}),
+                )
+            }
+            "GetShardIterator" => {
+                let shard = body["ShardId"].as_str().unwrap();
+                let Some(s) = self.shards.iter().find(|s| s.id == shard) else {
+                    return error("ResourceNotFoundException");
+                };
+                let pos = match body["ShardIteratorType"].as_str() {
+                    Some("AFTER_SEQUENCE_NUMBER") => {
+                        let after = body["SequenceNumber"].as_str().unwrap();
+                        s.records
+                            .iter()
+                            .position(|r| r["dynamodb"]["SequenceNumber"].as_str().unwrap() > after)
+                            .unwrap_or(s.records.len())
+                    }
+                    _ => 0,
+                };
+                (200, json!({"ShardIterator": format!("{shard}|{pos}")}))
+            }
+            "GetRecords" => {
+                let it = body["ShardIterator"].as_str().unwrap();
+                let (shard, pos) = it.split_once('|').unwrap();
+                if self.trimmed.contains(&shard) {
+                    return error("TrimmedDataAccessException");
+                }
+                {
+                    let mut expire = self.expire_once.lock().unwrap();
+                    if let Some(i) = expire.iter().position(|s| *s == shard) {
+                        expire.remove(i);
+                        return error("ExpiredIteratorException");
+                    }
+                }
+                let s = self.shards.iter().find(|s| s.id == shard).unwrap();
+                let pos: usize = pos.parse().unwrap();
+                // Two records a call, so pages and checkpoints happen mid-shard.
+                let end = (pos + 2).min(s.records.len());
+                let mut out = json!({"Records": s.records[pos..end].to_vec()});
+                if end < s.records.len() || !s.closed {
+                    out["NextShardIterator"] = json!(format!("{shard}|{end}"));
+                }
+                (200, out)
+            }
+            other => panic!("the double does not serve {other}"),
+        }
+    }
+}
+
+pub async fn serve(double: Arc<Double>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let double = double.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let double = double.clone();
+                        async move {
+                            let target = req
+                                .headers()
+                                .get("x-amz-target")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .rsplit('.')
+                                .next()
+                                .unwrap_or("")
+                                .to_string();
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let json: Json = serde_json::from_slice(&body).unwrap_or(Json::Null);
+                            let (status, out) = double.answer(&target, &json);
+                            let mut resp =
+                                hyper::Response::new(Full::new(Bytes::from(out.to_string())));
+                            *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            resp.headers_mut().insert(
+                                "content-type",
+                                "application/x-amz-json-1.0".parse().unwrap(),
+                            );
+                            if status != 200 {
+                                let kind = out["__type"]
+                                    .as_str()
+                                    .unwrap()
+                                    .rsplit('#')
+                                    .next()
+                                    .unwrap()
+                                    .to_string();
+                                resp.headers_mut()
+                                    .insert("x-amzn-errortype", kind.parse().unwrap());
+                            }
+                            Ok::<_, hyper::Error>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// The target holds exactly what `plan` makes of `finals` (the items as the
+/// stream and the backfill leave them), else the keys it holds.
+pub async fn assert_target_is(
+    env: &crate::support::TestEnv,
+    plan: &rekey::core::plan::Plan,
+    target: &str,
+    finals: &[rekey::core::value::Item],
+    what: &str,
+) {
+    let expected = crate::support::expected_target(plan, finals);
+    let actual = env.table_map(target, &["PK", "SK"]).await;
+    assert!(
+        actual == expected,
+        "{what}: {:?}",
+        actual
+            .keys()
+            .map(|k| rekey::core::value::decode_key(k))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// A streamed source of orders and a target keyed by status (one target
+/// key per status and order), with the plan: (source, target, plan path, plan).
+pub async fn status_tables(
+    env: &crate::support::TestEnv,
+) -> (String, String, std::path::PathBuf, rekey::core::plan::Plan) {
+    use crate::support::*;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_streamed_table(&source, &pk_only()).await;
+    env.create_table(&target, &pk_sk()).await;
+    let (plan_path, plan) = PlanText::new(&source, &target)
+        .rule(Rule::new(
+            &[("PK", "O#{id}")],
+            &[("PK", "ST#{@status}"), ("SK", "O#{id}")],
+        ))
+        .write(env);
+    (source, target, plan_path, plan)
+}
