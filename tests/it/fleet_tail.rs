@@ -134,6 +134,7 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
         victim
     };
     let (ops, victim) = tokio::join!(app, kill);
+    let app_done_ms = chrono::Utc::now().timestamp_millis();
     eprintln!("application wrote {ops} changes");
     workers.remove(&victim);
     for (id, child) in workers {
@@ -181,6 +182,15 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
     assert_eq!(tail["shards"].as_array().unwrap().len(), 1, "{st}");
     assert!(tail["applied_through"].is_string(), "{st}");
     assert_eq!(tail["shards"][0]["live"], true, "{st}");
+
+    // The TAIL item verify --state waits on: published by the shard's holders,
+    // through the application's last write (stream times are whole seconds).
+    let mark = fleet.applied_through().await.unwrap().expect("a TAIL item");
+    let through = mark.applied_through_ms.expect("applied through a time");
+    assert!(
+        through >= app_done_ms - 1000,
+        "{mark:?} vs the writer done at {app_done_ms}"
+    );
 }
 
 /// Item `id`'s INSERT then MODIFY (same status, v 1 → 2) at `seq`, `seq + 1`.

@@ -30,7 +30,7 @@ use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgemen
 use crate::state::fleet::shard::{
     self as shard_state, CHUNK_LIMIT, ShardCheckpoint, ShardKey, ShardUnit, Step,
 };
-use crate::state::fleet::{Fleet, live_workers, passing};
+use crate::state::fleet::{Fleet, TailMark, live_workers, passing};
 
 /// How a worker tails.
 #[derive(Debug, Clone)]
@@ -189,6 +189,7 @@ async fn turn(
         seen.shards = shards.clone();
     }
     ctx.report.lock().await.shards = shards.len();
+    publish_through(ctx, &shards).await?;
     let now = ctx.held.now();
     let me = ctx.fleet.worker.clone();
     let takeable = shard_state::may_take(&shards);
@@ -245,6 +246,25 @@ async fn turn(
         tasks.spawn(async move { (unit.id.clone(), c.hold(unit, l, token).await) });
     }
     Ok(if unsettled { Vec::new() } else { shards })
+}
+
+/// The fleet's `TAIL` item, which `verify --state` waits on, from the
+/// shards' committed progress ([`shard_state::fleet_through`]): published each
+/// beat by every worker that holds a shard. Each value is a lower bound when
+/// it is read and stays one, so whichever write lands last is true.
+async fn publish_through(ctx: &Ctx, shards: &[ShardUnit]) -> anyhow::Result<()> {
+    if ctx.held.keys().is_empty() {
+        return Ok(());
+    }
+    let now = streams::now_secs();
+    let (_, through) = shard_state::fleet_through(shards, now);
+    let mark = TailMark {
+        applied_through_ms: through.map(|t| (t * 1000.0) as i64),
+        updated_ms: (now * 1000.0) as i64,
+        stopped: false,
+    };
+    ctx.fleet.publish_tail(&mark).await?;
+    Ok(())
 }
 
 /// How long the fleet's tail has been caught up with nothing moving.
