@@ -451,8 +451,12 @@ pub struct DrainArgs {
     pub timeout: f64,
     /// Through the target's stream and the reverse tail (`rekey reverse`): every write made
     /// to the target before now is in the source.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fleet")]
     pub reverse: bool,
+    /// A fleet's migration (dynamodb://TABLE[/MIGRATION]): the barrier goes through the
+    /// fleet's own tail (`rekey worker --tail`), observed in the control table.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -481,7 +485,9 @@ pub struct CutoverArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub drain_timeout: f64,
     /// A fleet's migration (dynamodb://TABLE[/MIGRATION]): the backfill, its rejects and the
-    /// verify are read from the control table; the tail (`rekey tail --fleet`) is this machine's.
+    /// verify are read from the control table; so are the tail gate and the drain barrier
+    /// when the workers tail (`rekey worker --tail`), else the tail is this machine's
+    /// (`rekey tail --fleet`).
     #[arg(long = "state", value_name = "URL")]
     pub fleet: Option<String>,
     #[arg(long)]
@@ -495,6 +501,11 @@ pub struct FinishArgs {
     pub state: StateArgs,
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub drain_timeout: f64,
+    /// A fleet's migration (dynamodb://TABLE[/MIGRATION]): when its workers tail
+    /// (`rekey worker --tail`), the last barrier goes through them and the end is recorded in
+    /// the control table, where they see it and exit 0.
+    #[arg(long = "state", value_name = "URL")]
+    pub fleet: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

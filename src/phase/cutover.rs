@@ -13,6 +13,13 @@
 //! switch are carried over — until `rekey finish`, which drains once more,
 //! records the end and tells the tail to stop.
 //!
+//! With `--state dynamodb://…` the backfill, rejects and verify are the
+//! fleet's; so are the tail gate and the drain barrier when the fleet has a
+//! tail of its own (`rekey worker --tail`: the lag from its shards' units,
+//! the barrier through [`crate::phase::barrier::fleet`]); else they stay
+//! this machine's `rekey tail --fleet`. `finish --state` then records the
+//! end in the control table, and the fleet's tail stops.
+//!
 //! Invariant: a cutover is recorded only after every gate held and the drain
 //! barrier completed, in that order, with the gates re-checked after the
 //! postpone wait.
@@ -30,6 +37,7 @@ use crate::phase::progress::Progress;
 use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::StateStore;
+use crate::state::fleet::shard::{self as shard_state, ShardUnit};
 use crate::state::fleet::{Counters, Fleet, FleetRef};
 use crate::state::snapshot::{self, BackfillStatus};
 use crate::state::snapshot::{CutoverRecord, Gate, TailStatus, VerifyResult};
@@ -49,8 +57,9 @@ pub struct CutoverOptions {
     pub wait: Duration,
     pub drain_timeout: Duration,
     /// `--state dynamodb://…`: the backfill, its rejects and the verify are
-    /// the fleet's, read from the control table; the tail and the drain
-    /// barrier stay this machine's (`rekey tail --fleet` runs here).
+    /// the fleet's, read from the control table; so are the tail and the
+    /// drain barrier when the fleet tails (`worker --tail`), else they are
+    /// this machine's (`rekey tail --fleet` runs here).
     pub fleet: Option<FleetRef>,
 }
 
@@ -63,6 +72,42 @@ pub struct FleetEvidence {
     pub totals: Counters,
     /// The fleet verify started before the backfill was done: it proves nothing.
     pub verify_before_done: bool,
+    /// The fleet's own tail (`rekey worker --tail`), when its workers have
+    /// created the stream's shard units: the tail gate reads it.
+    pub tail: Option<FleetTail>,
+}
+
+/// The fleet's tail, from its shards' units.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetTail {
+    /// Shards not done.
+    pub open: usize,
+    /// Of those, held by no worker.
+    pub unheld: usize,
+    /// Of those, not applying as they read yet (buffering until the
+    /// backfill or the parent shard is done).
+    pub buffering: usize,
+    /// How far behind the stream the slowest live shard's holder is, in
+    /// seconds (its newest record applied against this machine's clock,
+    /// unless its last empty read came after it): a gate, not a proof — the
+    /// drain barrier is the proof.
+    pub lag: Option<f64>,
+}
+
+impl FleetTail {
+    /// None when no worker has created the stream's shard units.
+    pub fn of(shards: &[ShardUnit], now: f64) -> Option<FleetTail> {
+        if shards.is_empty() {
+            return None;
+        }
+        let open: Vec<&ShardUnit> = shards.iter().filter(|s| !s.cp.done).collect();
+        Some(FleetTail {
+            open: open.len(),
+            unheld: open.iter().filter(|s| s.owner.is_none()).count(),
+            buffering: open.iter().filter(|s| !s.cp.live).count(),
+            lag: shard_state::fleet_through(shards, now).0,
+        })
+    }
 }
 
 /// What the gates look at, read from the state directory.
@@ -133,7 +178,10 @@ impl Evidence {
         let totals = backfill.totals();
         e.backfill_done = done_ms.is_some();
         e.backfill = None;
-        e.rejects = totals.rejected + snapshot::count_lines(&state_dir.tail_rejects())?;
+        // The fleet's tail counts its rejects in the shards' items.
+        let tail_rejected: u64 = backfill.shards.iter().map(|s| s.rejected).sum();
+        e.rejects =
+            totals.rejected + tail_rejected + snapshot::count_lines(&state_dir.tail_rejects())?;
         let finished = verdict.as_ref().and_then(|v| {
             let ms = |t: i64| chrono::DateTime::from_timestamp_millis(t).unwrap_or_default();
             Some(VerifyResult {
@@ -154,6 +202,7 @@ impl Evidence {
             done_ms,
             totals,
             verify_before_done: finished.as_ref().is_some_and(before),
+            tail: FleetTail::of(&backfill.shards, crate::aws::streams::now_secs()),
         });
         e.verify = finished;
         Ok(e)
@@ -218,16 +267,18 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             },
         )
     };
-    let tail = match &e.tail {
-        None => gate(tail_gate, false, format!("`{tail_cmd}` has never run")),
-        Some(_) if !e.tail_running => gate(
+    let fleet_tail = e.fleet.as_ref().and_then(|f| f.tail.as_ref());
+    let tail = match (&e.tail, fleet_tail) {
+        (_, Some(t)) => fleet_tail_gate(t, opts.max_lag),
+        (None, None) => gate(tail_gate, false, format!("`{tail_cmd}` has never run")),
+        (Some(_), None) if !e.tail_running => gate(
             tail_gate,
             false,
             format!(
                 "it is not running; start `{tail_cmd}` (it must keep running through the switch)"
             ),
         ),
-        Some(t) => {
+        (Some(t), None) => {
             let stale = (now - t.updated_at).num_seconds() > 30;
             match t.lag_seconds {
                 _ if stale => gate(
@@ -325,6 +376,45 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
     vec![backfill, tail, verify, rejects]
 }
 
+/// The tail gate on the fleet's own tail: every open shard held, applying,
+/// the slowest within `max_lag`.
+fn fleet_tail_gate(t: &FleetTail, max_lag: f64) -> Gate {
+    let (ok, detail) = if t.unheld > 0 {
+        (
+            false,
+            format!(
+                "{} of the stream's {} open shards have no holder: run `rekey worker --tail`",
+                t.unheld, t.open
+            ),
+        )
+    } else if t.buffering > 0 {
+        (
+            false,
+            format!(
+                "{} of {} shards still buffer (the fleet's backfill or a parent shard is not done)",
+                t.buffering, t.open
+            ),
+        )
+    } else {
+        match t.lag {
+            Some(l) => (
+                l <= max_lag,
+                format!(
+                    "the fleet's tail: lag {l:.1} s {} {max_lag:.1} s over {} shards",
+                    if l <= max_lag { "≤" } else { ">" },
+                    t.open
+                ),
+            ),
+            None => (false, "the fleet's tail: lag unknown".into()),
+        }
+    };
+    Gate {
+        name: "tail caught up".into(),
+        ok,
+        detail,
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CutoverReport {
     /// Recorded now or earlier (a rerun after a cutover reports the record).
@@ -418,7 +508,7 @@ async fn switch(
     }
     let started = Instant::now();
     let mut said_postponed = false;
-    let gates = loop {
+    let (gates, fleet_tail) = loop {
         let evidence = match (&opts.fleet, flow) {
             (Some(at), Flow::Forward) => Evidence::read_fleet(clients, &opts.state_dir, at).await?,
             _ => Evidence::read_for(&opts.state_dir, flow)?,
@@ -427,7 +517,8 @@ async fn switch(
         let all_ok = g.iter().all(|g| g.ok);
         let postponed = opts.postpone_file.exists();
         if all_ok && !postponed {
-            break g;
+            let fleet_tail = evidence.fleet.as_ref().is_some_and(|f| f.tail.is_some());
+            break (g, fleet_tail);
         }
         if postponed {
             if !said_postponed {
@@ -453,21 +544,19 @@ async fn switch(
     progress.note(&format!(
         "drain barrier: waiting for the {} to apply every {} write made until now",
         match flow {
+            Flow::Forward if fleet_tail => "fleet's tail",
             Flow::Forward => "tail",
             Flow::Reverse => "reverse tail",
         },
         flow.read_role()
     ));
-    let drain = barrier::drain(
-        clients,
-        plan,
-        &DrainOptions {
-            state_dir: opts.state_dir.clone(),
-            timeout: opts.drain_timeout,
-            flow,
-        },
-    )
-    .await?;
+    let through = DrainOptions {
+        state_dir: opts.state_dir.clone(),
+        timeout: opts.drain_timeout,
+        flow,
+        fleet: opts.fleet.clone().filter(|_| fleet_tail),
+    };
+    let drain = barrier::drain(clients, plan, &through).await?;
     if !drain.complete {
         return Ok(CutoverReport {
             cut_over: false,
@@ -554,12 +643,15 @@ pub fn rollback_steps(plan: &Plan, plan_path: &Path) -> String {
 }
 
 /// After the switch: drain once more (each direction that runs), record
-/// the end, stop the tails.
+/// the end, stop the tails. With `fleet` (`--state dynamodb://…`) whose
+/// workers tail, the last barrier goes through the fleet's tail and the end
+/// is recorded in the control table too, where its holders see it and stop.
 pub async fn finish(
     clients: &Clients,
     plan: &Plan,
     state_dir: &StateDir,
     drain_timeout: Duration,
+    fleet: Option<&FleetRef>,
 ) -> anyhow::Result<FinishReport> {
     let store = StateStore::open(state_dir, plan)?;
     let Some(mut record) = store.get::<CutoverRecord>("cutover/record")? else {
@@ -567,16 +659,17 @@ pub async fn finish(
             "no cutover is recorded for this plan; run `rekey cutover` first".into()
         ));
     };
-    let drain = barrier::drain(
-        clients,
-        plan,
-        &DrainOptions {
-            state_dir: state_dir.clone(),
-            timeout: drain_timeout,
-            flow: Flow::Forward,
-        },
-    )
-    .await?;
+    let fleet_tail = match fleet {
+        Some(at) if barrier::fleet::fleet_has_tail(clients, at).await? => Some(at),
+        _ => None,
+    };
+    let through = DrainOptions {
+        state_dir: state_dir.clone(),
+        timeout: drain_timeout,
+        flow: Flow::Forward,
+        fleet: fleet_tail.cloned(),
+    };
+    let drain = barrier::drain(clients, plan, &through).await?;
     if !drain.complete {
         return Ok(FinishReport {
             finished: false,
@@ -594,6 +687,7 @@ pub async fn finish(
                 state_dir: state_dir.clone(),
                 timeout: drain_timeout,
                 flow: Flow::Reverse,
+                fleet: None,
             },
         )
         .await?;
@@ -610,6 +704,9 @@ pub async fn finish(
     store.flush()?;
     snapshot::publish(&state_dir.cutover_record(), &record)?;
     std::fs::write(state_dir.finished(), b"finished\n")?;
+    if let Some(at) = fleet_tail {
+        Fleet::open(clients, at, "finish").mark_finished().await?;
+    }
     Ok(FinishReport {
         finished: true,
         barrier: drain.barrier,
@@ -786,6 +883,110 @@ mod tests {
     }
 
     #[test]
+    fn with_its_own_tail_a_fleet_cutover_gates_on_the_shards_not_on_a_local_tail() {
+        let now = chrono::Utc::now();
+        let tail = FleetTail {
+            open: 2,
+            unheld: 0,
+            buffering: 0,
+            lag: Some(1.0),
+        };
+        let with = |t: FleetTail| Evidence {
+            tail: None,
+            tail_running: false,
+            fleet: Some(FleetEvidence {
+                tail: Some(t),
+                ..Default::default()
+            }),
+            ..ready(now)
+        };
+        let g = gates(&with(tail.clone()), &opts(), now);
+        assert!(failing(&g).is_empty(), "no local tail needed: {g:?}");
+        for (t, why) in [
+            (
+                FleetTail {
+                    unheld: 1,
+                    ..tail.clone()
+                },
+                "no holder",
+            ),
+            (
+                FleetTail {
+                    buffering: 1,
+                    ..tail.clone()
+                },
+                "still buffer",
+            ),
+            (
+                FleetTail {
+                    lag: Some(9.0),
+                    ..tail.clone()
+                },
+                "lag 9.0 s >",
+            ),
+            (
+                FleetTail {
+                    lag: None,
+                    ..tail.clone()
+                },
+                "lag unknown",
+            ),
+        ] {
+            let g = gates(&with(t), &opts(), now);
+            assert_eq!(failing(&g), ["tail caught up"], "{g:?}");
+            assert!(g[1].detail.contains(why), "{g:?}");
+        }
+    }
+
+    #[test]
+    fn the_fleet_tail_is_read_from_the_shards_units() {
+        use crate::state::fleet::shard::ShardCheckpoint;
+        let unit = |id: &str, owner: Option<&str>, cp: ShardCheckpoint| ShardUnit {
+            id: id.into(),
+            parent: None,
+            owner: owner.map(str::to_string),
+            lease: 1,
+            beat: 0,
+            page: 0,
+            cp,
+            first_apply_ms: None,
+            done_ms: None,
+            grants: vec![],
+            barriers: Default::default(),
+            rejected: 0,
+        };
+        assert_eq!(FleetTail::of(&[], 100.0), None);
+        let live = |r: f64| ShardCheckpoint {
+            live: true,
+            record_at: Some(r),
+            ..Default::default()
+        };
+        let done = ShardCheckpoint {
+            done: true,
+            ..Default::default()
+        };
+        let t = FleetTail::of(
+            &[
+                unit("a", Some("w1"), live(90.0)),
+                unit("b", Some("w2"), live(97.0)),
+                unit("old", None, done),
+                unit("c", None, ShardCheckpoint::default()),
+            ],
+            100.0,
+        )
+        .unwrap();
+        assert_eq!(
+            t,
+            FleetTail {
+                open: 3,
+                unheld: 1,
+                buffering: 1,
+                lag: Some(10.0),
+            }
+        );
+    }
+
+    #[test]
     fn a_fleet_cutover_gates_on_the_fleets_backfill_rejects_and_a_verify_after_it() {
         let now = chrono::Utc::now();
         let fleet = FleetEvidence {
@@ -798,6 +999,7 @@ mod tests {
                 ..Default::default()
             },
             verify_before_done: false,
+            tail: None,
         };
         let e = Evidence {
             rejects: 2,

@@ -341,6 +341,7 @@ async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> any
         state_dir: opts.state_dir.clone(),
         timeout: opts.drain_timeout,
         flow: Flow::Forward,
+        fleet: None,
     };
     // Waiting for a barrier holds nothing: a stop may cut it short.
     let drain = tokio::select! {

@@ -17,6 +17,7 @@ mod demo;
 mod endpoints;
 mod export;
 mod fleet;
+mod fleet_drain;
 mod fleet_tail;
 mod import;
 mod inplace;

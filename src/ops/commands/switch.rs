@@ -11,16 +11,33 @@ use crate::phase::barrier::{self, DrainOptions, DrainReport};
 use crate::phase::cutover::{self, CutoverOptions, CutoverReport, FinishReport};
 use crate::state::snapshot::show_time;
 
-/// `rekey drain`: a barrier through the running tail.
+/// `rekey drain`: a barrier through the running tail. With `--state`,
+/// through the fleet's tail; a fleet without one (`rekey tail --fleet` beside
+/// workers without `--tail`) drains through this machine's tail, as before.
 pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Result<i32> {
-    let Planned { plan, options } = cmd;
-    if !barrier::tail_has_run(&options.state_dir, options.flow) {
+    let Planned { plan, mut options } = cmd;
+    let clients = connect(c).await?;
+    if let Some(at) = options.fleet.clone()
+        && !barrier::fleet::fleet_has_tail(&clients, &at).await?
+    {
+        if barrier::tail_has_run(&options.state_dir, options.flow) {
+            eprintln!(
+                "note: {} has no `rekey worker --tail`; draining through this machine's tail (`rekey tail --fleet`)",
+                at.display()
+            );
+            options.fleet = None;
+        } else {
+            eprintln!(
+                "note: no `rekey worker --tail` has taken the stream's shards of {} yet; waiting for one",
+                at.display()
+            );
+        }
+    } else if options.fleet.is_none() && !barrier::tail_has_run(&options.state_dir, options.flow) {
         eprintln!(
             "note: no tail has published status under {} yet; waiting for one to start",
             options.state_dir.display()
         );
     }
-    let clients = connect(c).await?;
     let report = barrier::drain(&clients, &plan, &options).await?;
     print(c, &report, drain_text)?;
     Ok(if report.complete {
@@ -135,8 +152,14 @@ fn cutover_text(plan: &Plan, report: &CutoverReport) -> String {
 pub(super) async fn finish(c: &Common, cmd: Planned<FinishOptions>) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
-    let report =
-        cutover::finish(&clients, &plan, &options.state_dir, options.drain_timeout).await?;
+    let report = cutover::finish(
+        &clients,
+        &plan,
+        &options.state_dir,
+        options.drain_timeout,
+        options.fleet.as_ref(),
+    )
+    .await?;
     print(c, &report, |r| finish_text(&plan, r))?;
     Ok(if report.finished {
         exit::OK

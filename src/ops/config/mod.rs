@@ -159,6 +159,8 @@ pub struct SuggestCommand {
 pub struct FinishOptions {
     pub state_dir: StateDir,
     pub drain_timeout: Duration,
+    /// `--state dynamodb://…`: the fleet's migration.
+    pub fleet: Option<FleetRef>,
 }
 
 /// `rekey control`: what changes in the control file (None: as it is).
@@ -580,6 +582,11 @@ fn drain(a: &cli::DrainArgs) -> anyhow::Result<Command> {
         } else {
             Flow::Forward
         },
+        fleet: a
+            .fleet
+            .as_deref()
+            .map(|u| fleet_ref(u, &plan))
+            .transpose()?,
     };
     Ok(Command::Drain(Planned { plan, options }))
 }
@@ -629,6 +636,11 @@ fn finish(a: &cli::FinishArgs) -> anyhow::Result<Command> {
     let options = FinishOptions {
         state_dir: state_dir(&a.plan, &a.state),
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
+        fleet: a
+            .fleet
+            .as_deref()
+            .map(|u| fleet_ref(u, &plan))
+            .transpose()?,
     };
     Ok(Command::Finish(Planned { plan, options }))
 }

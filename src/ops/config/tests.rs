@@ -331,6 +331,7 @@ fn other_cases() -> Vec<(&'static str, String)> {
                 state_dir: state(),
                 timeout: secs(300),
                 flow: crate::phase::tail::Flow::Forward,
+                fleet: None,
             }),
         ),
         (
@@ -339,6 +340,7 @@ fn other_cases() -> Vec<(&'static str, String)> {
                 state_dir: state(),
                 timeout: secs(300),
                 flow: crate::phase::tail::Flow::Reverse,
+                fleet: None,
             }),
         ),
         ("cutover PLAN", dbg(cutover_defaults())),
@@ -359,6 +361,7 @@ fn other_cases() -> Vec<(&'static str, String)> {
             dbg(FinishOptions {
                 state_dir: state(),
                 drain_timeout: secs(300),
+                fleet: None,
             }),
         ),
         ("status PLAN", dbg(state())),

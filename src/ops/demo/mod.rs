@@ -342,7 +342,7 @@ async fn switch(
     let t = Instant::now();
     progress
         .note("finish: a last drain barrier for the writes made until the switch; the tail stops");
-    let fin = cutover::finish(clients, plan, state_dir, WAIT).await?;
+    let fin = cutover::finish(clients, plan, state_dir, WAIT, None).await?;
     let finished_at = fin.record.as_ref().and_then(|r| r.finished_at);
     let Some(finished_at) = finished_at.filter(|_| fin.finished) else {
         anyhow::bail!(GateNotMet(format!(

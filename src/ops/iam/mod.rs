@@ -63,7 +63,10 @@
 //! conditional writes (PutItem, UpdateItem). `tail --fleet` reads it with
 //! GetItem and publishes its progress with PutItem; `verify --state` leases
 //! and commits its units there (the workers' calls but CreateTable);
-//! `cutover --state` reads it (GetItem, Query).
+//! `cutover --state` reads it (GetItem, Query); a barrier through the
+//! fleet's own tail (`drain`, `cutover`, `finish --state`) also queries the
+//! shards' units and describes the source's stream, and `finish --state`
+//! records the end (UpdateItem).
 
 use std::collections::BTreeSet;
 
@@ -295,6 +298,8 @@ struct Scope {
     /// (and a consistent GetItem after a failed condition) instead of puts
     /// and deletes; `rekey undo` needs what the backfill needs.
     in_place: bool,
+    /// A fleet's control table is given (`--state`).
+    fleet: bool,
 }
 
 fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
@@ -303,6 +308,7 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
         export,
         import,
         in_place,
+        fleet,
     } = *scope;
     let mut n = Needs::default();
     for c in commands {
@@ -446,6 +452,17 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
         // `cutover --state`: the fleet's backfill and its verify's verdict.
         n.control.extend(["dynamodb:GetItem", "dynamodb:Query"]);
     }
+    if fleet && (commands.contains(&Drain) || commands.contains(&Cutover)) {
+        // A barrier through the fleet's own tail (`drain`, `cutover` and
+        // `finish --state`): the shards' units read, the source's stream
+        // listed once the marker is observed; `finish` records the end.
+        n.source.insert("dynamodb:DescribeTable");
+        n.stream.insert("dynamodb:DescribeStream");
+        n.control.insert("dynamodb:Query");
+        if commands.contains(&Cutover) {
+            n.control.insert("dynamodb:UpdateItem");
+        }
+    }
     n
 }
 
@@ -500,6 +517,7 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
             export: opts.export.is_some(),
             import: opts.import.is_some() && plan.mode != crate::core::plan::Mode::InPlace,
             in_place: plan.mode == crate::core::plan::Mode::InPlace,
+            fleet: opts.control_table.is_some(),
         },
     );
     let source = table_arn(opts, &plan.source_table);

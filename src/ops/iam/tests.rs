@@ -506,3 +506,39 @@ fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created(
         set(&["dynamodb:GetItem", "dynamodb:PutItem"])
     );
 }
+
+#[test]
+fn a_drain_through_the_fleets_tail_reads_the_shards_units_and_lists_the_stream() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Drain],
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &opts));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/rekey-control"],
+        set(&["dynamodb:Query"])
+    );
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders/stream/*"],
+        set(&["dynamodb:DescribeStream"])
+    );
+    // Without a control table, a drain writes its marker and nothing else.
+    let local = PolicyOptions {
+        commands: vec![PolicyCommand::Drain],
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &local));
+    assert!(!m.contains_key("arn:aws:dynamodb:*:*:table/orders/stream/*"));
+    // finish --state (granted with cutover) records the end.
+    let cutover = PolicyOptions {
+        commands: vec![PolicyCommand::Cutover],
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, _) = by_resource(&policy(&rekey(), &cutover));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/rekey-control"],
+        set(&["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"])
+    );
+}

@@ -186,17 +186,7 @@ impl Tail<'_> {
     /// Apply changes in stream order per source item (see the module docs);
     /// return when every write is acknowledged.
     pub(super) async fn apply_all(&mut self, changes: Vec<Change>) -> anyhow::Result<()> {
-        let mut markers = Vec::new();
-        for c in &changes {
-            if c.kind == ChangeKind::Insert
-                && let Some(id) = c
-                    .new
-                    .as_ref()
-                    .and_then(|n| marker_id_in(self.opts.flow.read_key(self.plan), n))
-            {
-                markers.push((id, c.at));
-            }
-        }
+        let markers = markers(self.opts.flow.read_key(self.plan), &changes);
         let lanes = lanes(self.opts.flow.read_key(self.plan), &changes);
         let applied = if self.plan.mode == Mode::InPlace {
             apply_lanes(self.clients, self.plan, &self.control, &changes, lanes).await?
@@ -255,6 +245,16 @@ impl Tail<'_> {
         }
         Ok(())
     }
+}
+
+/// The drain markers among `changes` (their inserts, in a table keyed by
+/// `key`): (barrier id, the marker record's creation time).
+pub(super) fn markers(key: &KeySchema, changes: &[Change]) -> Vec<(String, f64)> {
+    changes
+        .iter()
+        .filter(|c| c.kind == ChangeKind::Insert)
+        .filter_map(|c| Some((marker_id_in(key, c.new.as_ref()?)?, c.at)))
+        .collect()
 }
 
 /// The fence of a fleet's shard closed: no more writes for it.

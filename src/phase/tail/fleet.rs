@@ -28,7 +28,7 @@ use crate::aws::control::Cond;
 use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::shard::{
-    self as shard_state, CHUNK_LIMIT, ShardCheckpoint, ShardKey, ShardUnit, Step,
+    self as shard_state, CHUNK_LIMIT, Covers, ShardCheckpoint, ShardKey, ShardUnit, Step,
 };
 use crate::state::fleet::{Fleet, TailMark, live_workers, passing};
 
@@ -66,6 +66,8 @@ pub struct FleetTailReport {
 #[derive(Default)]
 struct Seen {
     backfill_done: bool,
+    /// `rekey finish --state` drained the fleet's tail a last time: stop.
+    finished: bool,
     shards: Vec<ShardUnit>,
 }
 
@@ -140,6 +142,10 @@ async fn schedule(
             return Ok(());
         }
         match turn(ctx, opts, &mut observer, tasks).await {
+            Ok(_) if ctx.seen.lock().is_ok_and(|s| s.finished) => {
+                tracing::info!("the migration is finished (rekey finish): the tail stops");
+                return Ok(());
+            }
             Ok(shards) => {
                 if let Some(idle) = opts.exit_when_idle
                     && quiet.idle_for(&shards, ctx.held.now()) >= idle
@@ -183,10 +189,16 @@ async fn turn(
         shards = ctx.fleet.read_shards().await?;
     }
     let snap = ctx.fleet.read_workers().await?;
-    let backfill_done = ctx.fleet.meta().await?.is_some_and(|m| m.done_ms.is_some());
+    let meta = ctx.fleet.meta().await?;
+    let backfill_done = meta.as_ref().is_some_and(|m| m.done_ms.is_some());
+    let finished = meta.as_ref().is_some_and(|m| m.finished_ms.is_some());
     if let Ok(mut seen) = ctx.seen.lock() {
         seen.backfill_done = backfill_done;
+        seen.finished = finished;
         seen.shards = shards.clone();
+    }
+    if finished {
+        return Ok(Vec::new());
     }
     ctx.report.lock().await.shards = shards.len();
     publish_through(ctx, &shards).await?;
@@ -399,29 +411,44 @@ impl Ctx {
         lease: u64,
         c: ShardCheckpoint,
     ) -> anyhow::Result<()> {
-        self.commit_applied(u, lease, c, false).await
+        self.commit_covering(u, lease, c, Covers::default()).await
     }
 
-    /// [`Ctx::commit`] of writes to the target (`applies`).
-    async fn commit_applied(
+    /// [`Ctx::commit`] of writes to the target, and of the drain barriers
+    /// whose markers were among them (`covers`).
+    async fn commit_covering(
         &self,
         u: &mut ShardUnit,
         lease: u64,
         c: ShardCheckpoint,
-        applies: bool,
+        covers: Covers,
     ) -> anyhow::Result<()> {
         self.fence(u, lease)?;
         let was = u.cp.clone();
         if self
             .fleet
-            .commit_shard(&u.id, lease, &was, &c, applies)
+            .commit_shard(&u.id, lease, &was, &c, &covers)
             .await?
             == Cond::Refused
         {
             return Err(self.lost(u, lease));
         }
+        if !covers.observed.is_empty() {
+            tracing::info!(shard = %u.id, barriers = ?covers.observed, "drain barrier observed");
+        }
         u.cp = c;
+        u.barriers.extend(covers.observed);
         Ok(())
+    }
+
+    /// The commit's coverage of applied `changes`: the drain markers among
+    /// them, and the rejects their application made.
+    fn applied(&self, changes: &[Change], rejected: u64) -> Covers {
+        Covers {
+            applies: true,
+            observed: super::apply::markers(&self.plan.source_key, changes),
+            rejected,
+        }
     }
 
     /// Applies chunk `k`, moves the cursor past it, then deletes it.
@@ -430,7 +457,7 @@ impl Ctx {
         let records: Vec<(String, Change)> = shard_state::unpack(&bytes)
             .map_err(|e| anyhow::anyhow!("shard {} chunk {k}: {e}", u.id))?;
         let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
-        self.apply(u, lease, &changes).await?;
+        let rejected = self.apply(u, lease, &changes).await?;
         let mut c = u.cp.clone();
         c.applied = k + 1;
         c.record_at = changes
@@ -438,7 +465,8 @@ impl Ctx {
             .map(|x| x.at)
             .reduce(f64::max)
             .or(c.record_at);
-        self.commit_applied(u, lease, c, true).await?;
+        let covers = self.applied(&changes, rejected);
+        self.commit_covering(u, lease, c, covers).await?;
         self.report.lock().await.chunks_applied += 1;
         tracing::info!(shard = %u.id, chunk = k, records = changes.len(), "buffer chunk applied");
         if let Err(e) = self.fleet.delete_chunk(&u.id, k).await {
@@ -448,8 +476,9 @@ impl Ctx {
         Ok(())
     }
 
-    /// Applies `changes` under the fence; counts and rejects.
-    async fn apply(&self, u: &ShardUnit, lease: u64, changes: &[Change]) -> anyhow::Result<()> {
+    /// Applies `changes` under the fence; counts and rejects. The rejects
+    /// made, which the commit covering them counts in the shard's item.
+    async fn apply(&self, u: &ShardUnit, lease: u64, changes: &[Change]) -> anyhow::Result<u64> {
         self.fence(u, lease)?;
         let key = ShardKey(u.id.clone());
         let held = self.held.clone();
@@ -464,7 +493,7 @@ impl Ctx {
             file.write(item, &format!("tail: {reason}"))?;
         }
         file.flush_len()?;
-        Ok(())
+        Ok(t.rejects.len() as u64)
     }
 
     /// One GetRecords of the shard: buffered as chunks, or applied (`live`),
@@ -518,16 +547,17 @@ impl Ctx {
         let mut c = u.cp.clone();
         c.live = true;
         c.finished = finished;
-        let applies = !records.is_empty();
+        let mut covers = Covers::default();
         if let Some((seq, _)) = records.last() {
             c.seq = Some(seq.clone());
             let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
-            self.apply(u, lease, &changes).await?;
+            let rejected = self.apply(u, lease, &changes).await?;
             c.record_at = changes
                 .iter()
                 .map(|x| x.at)
                 .reduce(f64::max)
                 .or(c.record_at);
+            covers = self.applied(&changes, rejected);
         } else {
             // An empty read: said at most once a beat (it costs a write).
             let beat = self.held.duration.as_secs_f64() / f64::from(BEATS_PER_LEASE);
@@ -536,8 +566,11 @@ impl Ctx {
                 return Ok(());
             }
             c.empty_read_at = Some(read_at);
+            // At its end, everything read applied (live): a drain barrier
+            // counts these ([`crate::phase::barrier::fleet`]).
+            c.drains = u.cp.drains + 1;
         }
-        self.commit_applied(u, lease, c, applies).await
+        self.commit_covering(u, lease, c, covers).await
     }
 
     /// Buffers the records as chunks, each written then committed.

@@ -387,7 +387,7 @@ fn reversible(plan: &Plan) -> anyhow::Result<()> {
 }
 
 /// The stream ARN of the table read, or why the tail cannot follow it.
-fn source_stream(info: &TableInfo, flow: Flow) -> anyhow::Result<String> {
+pub(crate) fn source_stream(info: &TableInfo, flow: Flow) -> anyhow::Result<String> {
     let when = match flow {
         Flow::Forward => "before the backfill starts",
         Flow::Reverse => {

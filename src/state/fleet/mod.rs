@@ -7,8 +7,10 @@
 //! than one machine").
 //!
 //! Items, all under `pk = MIG#<id>` (one Query reads a migration):
-//! - `META`: plan fingerprint, segment count (fixed at creation), and
-//!   `done_ms` once every unit is done ("backfill done");
+//! - `META`: plan fingerprint, segment count (fixed at creation),
+//!   `done_ms` once every unit is done ("backfill done"), and `finished_ms`
+//!   once `rekey finish --state` has drained the fleet's tail a last time
+//!   (the `worker --tail` processes stop then);
 //! - `UNIT#<n>`: one Scan segment — owner, lease counter, beat, checkpoint
 //!   (the encoded LastEvaluatedKey), committed page count, counters, done,
 //!   and `grants`: the history of its leases, one entry per lease, added by
@@ -175,6 +177,9 @@ pub struct Meta {
     pub segments: u32,
     /// Every unit done: the tail may apply (epoch ms of the worker that saw it).
     pub done_ms: Option<i64>,
+    /// `rekey finish --state` drained the fleet's tail a last time: its
+    /// holders stop (epoch ms, the finishing machine's clock).
+    pub finished_ms: Option<i64>,
 }
 
 /// A worker as it last reported itself.
@@ -426,6 +431,9 @@ impl Fleet {
                 .to_string(),
             segments: num(it, "segments") as u32,
             done_ms: it.contains_key("done_ms").then(|| inum(it, "done_ms")),
+            finished_ms: it
+                .contains_key("finished_ms")
+                .then(|| inum(it, "finished_ms")),
         })
     }
 
@@ -718,6 +726,20 @@ impl Fleet {
             "SET #done_ms = :now",
             "attribute_not_exists(#done_ms)",
             &["done_ms"],
+            vec![(":now", n(wall_ms()))],
+        );
+        self.control.update_if(&self.pk(), "META", &e).await?;
+        Ok(())
+    }
+
+    /// Records that the migration is finished (`rekey finish --state`, after
+    /// its last barrier through the fleet's tail): the holders of the
+    /// stream's shards stop. The first record stays.
+    pub async fn mark_finished(&self) -> Result<(), FleetError> {
+        let e = exprs(
+            "SET #finished_ms = :now",
+            "attribute_exists(#pk) AND attribute_not_exists(#finished_ms)",
+            &["finished_ms", "pk"],
             vec![(":now", n(wall_ms()))],
         );
         self.control.update_if(&self.pk(), "META", &e).await?;

@@ -8,7 +8,12 @@
 //!   applied, in order), `finished` (closed and read to its end), `live`
 //!   (records are applied as read), `done` (finished and everything
 //!   applied), the progress `status` shows (newest record applied, last empty
-//!   read) and `grants`, the lease history, as a unit's.
+//!   read) and `grants`, the lease history, as a unit's;
+//!   `drains`, a counter its holder bumps each time a read found the shard
+//!   at its end with everything read applied, and `barrier:<id>`, one
+//!   attribute per drain barrier whose marker its holder applied (the
+//!   marker's creation time): both written by the fenced commit itself
+//!   ([`crate::phase::barrier::fleet`] says why that is enough).
 //!
 //! Buffer chunks are items of their own partition, `pk = BUF#<id>#<shardId>`,
 //! `sk = <chunk n>` (zero-padded): the migration's Query, which every worker
@@ -23,7 +28,7 @@
 //! `applied = k + 1`, then delete chunk k (a chunk left by a death between
 //! the commit and the delete is below the cursor, never read again).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use std::io::{Read as _, Write as _};
 
@@ -77,7 +82,31 @@ pub struct ShardCheckpoint {
     pub record_at: Option<f64>,
     /// Start of the last read that found nothing new, while live.
     pub empty_read_at: Option<f64>,
+    /// Reads that found the shard at its end with everything read applied
+    /// (live), as committed: what a fleet drain barrier counts, instead of
+    /// comparing the holders' clocks.
+    pub drains: u64,
 }
+
+/// What a shard commit covers besides its checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Covers {
+    /// Writes to the target (the first such commit records `first_apply_ms`).
+    pub applies: bool,
+    /// Drain barriers whose marker was among the records applied: (barrier
+    /// id, the marker's creation time). Recorded in the same fenced write.
+    pub observed: Vec<(String, f64)>,
+    /// Rejects the writes made (added to the shard's `rejected`): counted
+    /// once, by the commit that covers them — a refused commit's are not.
+    pub rejected: u64,
+}
+
+/// The attribute of a shard item that records barrier `id`'s observation.
+pub fn barrier_attr(id: &str) -> String {
+    format!("{BARRIER_ATTR}{id}")
+}
+
+const BARRIER_ATTR: &str = "barrier:";
 
 /// One shard's unit, as read.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -96,6 +125,11 @@ pub struct ShardUnit {
     /// When it was done (epoch ms, the holder's clock).
     pub done_ms: Option<i64>,
     pub grants: Vec<Grant>,
+    /// Drain barriers observed in this shard: id → the marker's creation time.
+    pub barriers: BTreeMap<String, f64>,
+    /// The tail's rejects in this shard, as committed (what `cutover
+    /// --state` counts: each worker's rejects file is on its machine).
+    pub rejected: u64,
 }
 
 leased!(ShardUnit, String, id, cp.done);
@@ -270,7 +304,7 @@ impl Fleet {
         if let Some(p) = &shard.parent {
             it.insert("parent".into(), s(p));
         }
-        for name in ["lease", "beat", "page", "chunks", "applied"] {
+        for name in ["lease", "beat", "page", "chunks", "applied", "drains"] {
             it.insert(name.into(), n(0));
         }
         for name in ["finished", "live", "done"] {
@@ -352,20 +386,20 @@ impl Fleet {
     /// Commits `c` for `shard` under `lease`, if the lease is still this
     /// worker's and the checkpoint is still `was` (its chunk count and
     /// cursor): the fence. Refused: the lease is gone and nothing moved.
-    /// `applies`: the commit covers writes to the target (the first such
-    /// commit records `first_apply_ms`).
+    /// `covers`: writes to the target and barriers observed, recorded in
+    /// the same write.
     pub async fn commit_shard(
         &self,
         shard: &str,
         lease: u64,
         was: &ShardCheckpoint,
         c: &ShardCheckpoint,
-        applies: bool,
+        covers: &Covers,
     ) -> Result<Cond, FleetError> {
         let now = wall_ms();
         let mut update = String::from(
             "SET #chunks = :chunks, #applied = :applied, #finished = :finished, #live = :live, \
-             #done = :done, #page = #page + :one",
+             #done = :done, #drains = :drains, #page = #page + :one",
         );
         let mut values = vec![
             (":me", s(&self.worker)),
@@ -377,10 +411,11 @@ impl Fleet {
             (":finished", Value::Bool(c.finished)),
             (":live", Value::Bool(c.live)),
             (":done", Value::Bool(c.done)),
+            (":drains", n(c.drains)),
             (":one", n(1)),
         ];
         let mut names = vec![
-            "owner", "lease", "chunks", "applied", "finished", "live", "done", "page",
+            "owner", "lease", "chunks", "applied", "finished", "live", "done", "drains", "page",
         ];
         let optional = [
             ("seq", c.seq.as_ref().map(|x| s(x))),
@@ -395,17 +430,29 @@ impl Fleet {
                 values.push((placeholder(name), v));
             }
         }
-        if applies {
+        if covers.applies {
             update.push_str(", #first_apply_ms = if_not_exists(#first_apply_ms, :now)");
             names.push("first_apply_ms");
             values.push((":now", n(now)));
         }
-        let e = exprs(
+        let mut e = exprs(
             &update,
             "#owner = :me AND #lease = :lease AND #chunks = :was_chunks AND #applied = :was_applied",
             &names,
             values,
         );
+        if covers.rejected > 0 {
+            e.update
+                .push_str(", #rejected = if_not_exists(#rejected, :zero) + :rejected");
+            e.names.insert("#rejected".into(), "rejected".into());
+            e.values.insert(":rejected".into(), n(covers.rejected));
+            e.values.insert(":zero".into(), n(0));
+        }
+        for (i, (id, at)) in covers.observed.iter().enumerate() {
+            e.update.push_str(&format!(", #bar{i} = :bar{i}"));
+            e.names.insert(format!("#bar{i}"), barrier_attr(id));
+            e.values.insert(format!(":bar{i}"), n(at));
+        }
         Ok(self
             .control
             .update_if(&self.pk(), &shard_sk(shard), &e)
@@ -443,10 +490,17 @@ pub(super) fn shard_of(it: &Item) -> ShardUnit {
             done: b("done"),
             record_at: f("record_at"),
             empty_read_at: f("empty_read_at"),
+            drains: num(it, "drains"),
         },
         first_apply_ms: ms("first_apply_ms"),
         done_ms: ms("done_ms"),
         grants: grants_of(it, 0),
+        barriers: it
+            .keys()
+            .filter_map(|k| k.strip_prefix(BARRIER_ATTR))
+            .map(|id| (id.to_string(), fnum(it, &barrier_attr(id))))
+            .collect(),
+        rejected: num(it, "rejected"),
     }
 }
 
@@ -466,6 +520,8 @@ mod tests {
             first_apply_ms: None,
             done_ms: None,
             grants: vec![],
+            barriers: BTreeMap::new(),
+            rejected: 0,
         }
     }
 

@@ -184,6 +184,97 @@ pub async fn serve(double: Arc<Double>) -> String {
     format!("http://{addr}")
 }
 
+/// The shards of the double's scenario beside a real stream: DescribeStream
+/// lists the upstream's shards (the local server's one) and then `extra`'s;
+/// GetShardIterator and GetRecords of `extra`'s shards are answered here,
+/// the rest forwarded to `upstream` (the local server serves Streams on its
+/// one endpoint). A migration's records flow through the real shard while
+/// the extra ones give the fleet's tail more shards to hold.
+pub async fn serve_beside(extra: Arc<Double>, upstream: String) -> String {
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new());
+    let upstream = Arc::new(upstream);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (extra, client, upstream) = (extra.clone(), client.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (extra, client, upstream) =
+                            (extra.clone(), client.clone(), upstream.clone());
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body.collect().await?.to_bytes();
+                            let target = parts
+                                .headers
+                                .get("x-amz-target")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .rsplit('.')
+                                .next()
+                                .unwrap_or("")
+                                .to_string();
+                            let json: Json = serde_json::from_slice(&body).unwrap_or(Json::Null);
+                            let ours = |id: &str| extra.shards.iter().any(|s| s.id == id);
+                            let local = match target.as_str() {
+                                "GetShardIterator" => ours(json["ShardId"].as_str().unwrap_or("")),
+                                "GetRecords" => json["ShardIterator"]
+                                    .as_str()
+                                    .and_then(|i| i.split_once('|'))
+                                    .is_some_and(|(id, _)| ours(id)),
+                                _ => false,
+                            };
+                            let (status, out) = if local {
+                                let (status, out) = extra.answer(&target, &json);
+                                (status, out.to_string().into_bytes())
+                            } else {
+                                let mut up = hyper::Request::new(Full::new(body.clone()));
+                                *up.method_mut() = parts.method.clone();
+                                *up.uri_mut() = format!("{upstream}/").parse().unwrap();
+                                *up.headers_mut() = parts.headers.clone();
+                                up.headers_mut().remove("host");
+                                let resp = client.request(up).await.expect("the local server");
+                                let status = resp.status().as_u16();
+                                let bytes = resp.into_body().collect().await?.to_bytes();
+                                let mut out = bytes.to_vec();
+                                if target == "DescribeStream" && status == 200 {
+                                    let mut d: Json = serde_json::from_slice(&bytes).unwrap();
+                                    let (_, mine) = extra.answer("DescribeStream", &json);
+                                    let add = mine["StreamDescription"]["Shards"].clone();
+                                    d["StreamDescription"]["Shards"]
+                                        .as_array_mut()
+                                        .unwrap()
+                                        .extend(add.as_array().unwrap().iter().cloned());
+                                    out = d.to_string().into_bytes();
+                                }
+                                (status, out)
+                            };
+                            let mut resp = hyper::Response::new(Full::new(Bytes::from(out)));
+                            *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                            resp.headers_mut().insert(
+                                "content-type",
+                                "application/x-amz-json-1.0".parse().unwrap(),
+                            );
+                            Ok::<_, hyper::Error>(resp)
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
 /// The target holds exactly what `plan` makes of `finals` (the items as the
 /// stream and the backfill leave them), else the keys it holds.
 pub async fn assert_target_is(

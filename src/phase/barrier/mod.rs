@@ -13,10 +13,14 @@
 //! completion.
 //!
 //! The tail publishes barriers in `<state dir>/tail/status.json`; `drain`
-//! polls that file, so the two can be separate processes.
+//! polls that file, so the two can be separate processes. The fleet's tail
+//! (`rekey worker --tail`) records them in the control table instead
+//! ([`fleet`]).
 //!
 //! Invariant: a barrier is complete only after every change written to the
 //! source before the marker's write has been applied to the target.
+
+pub mod fleet;
 
 use std::time::Duration;
 
@@ -37,6 +41,9 @@ pub struct DrainOptions {
     /// Through the source's stream and the forward tail (`drain`, cutover),
     /// or the target's and the reverse tail (`drain --reverse`, rollback).
     pub flow: Flow,
+    /// `drain --state dynamodb://…`: through the fleet's own tail
+    /// (`rekey worker --tail`, [`fleet`]); forwards only.
+    pub fleet: Option<crate::state::fleet::FleetRef>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -50,6 +57,7 @@ pub struct DrainReport {
 
 /// Write a marker into the source, delete it, and wait until the tail reports
 /// the barrier complete. `complete: false` when the timeout passed first.
+/// With `opts.fleet`, through the fleet's tail ([`fleet::drain_fleet`]).
 ///
 /// Backwards (`opts.flow`), the marker goes into the target, in its key
 /// schema, and the reverse tail reports it.
@@ -58,12 +66,11 @@ pub async fn drain(
     plan: &Plan,
     opts: &DrainOptions,
 ) -> anyhow::Result<DrainReport> {
+    if let Some(at) = &opts.fleet {
+        return fleet::drain_fleet(clients, plan, at, opts.timeout).await;
+    }
     let flow = opts.flow;
-    let id = format!(
-        "{}-{:08x}",
-        chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
-        rand_u32()
-    );
+    let id = new_id();
     let table = flow.read_table(plan);
     let marker = marker_item_in(flow.read_key(plan), table, &id).map_err(InputError)?;
     let started = std::time::Instant::now();
@@ -95,6 +102,15 @@ pub async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A new barrier's id: when, and a random part.
+fn new_id() -> String {
+    format!(
+        "{}-{:08x}",
+        chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),
+        rand_u32()
+    )
 }
 
 fn rand_u32() -> u32 {
