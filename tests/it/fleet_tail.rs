@@ -371,7 +371,10 @@ async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_b
     let s = snapshot(&fleet).await;
     assert_eq!(s.shards.len(), 5);
     for u in &s.shards {
-        assert!(u.cp.applied == u.cp.chunks && u.cp.chunks >= 1, "{u:?}");
+        // Every chunk buffered was applied. Not every shard need have
+        // buffered: one first read after the backfill was done (a child
+        // whose parent finished late, on a slow machine) applies as it reads.
+        assert_eq!(u.cp.applied, u.cp.chunks, "{u:?}");
         assert_eq!(u.cp.done, u.id != "shard-d", "{u:?}");
     }
     check_lineage(&s);
