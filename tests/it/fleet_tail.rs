@@ -396,3 +396,71 @@ async fn shards_leased_across_workers_apply_in_lineage_order_through_kills_mid_b
     );
     check_buffers_applied(&env, &ctl, &s).await;
 }
+
+/// Regression: CI (2 cores) found a buffer chunk left in the control table
+/// beyond the shard's committed count. A holder that dies or fails between
+/// writing chunk n and committing it leaves chunk n behind; a next holder
+/// that goes live, or whose shard has nothing more to buffer, never rewrote
+/// it. Here the uncommitted chunk is planted on a closed shard with no
+/// records, which no holder ever writes a chunk of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncommitted_buffer_chunk_left_by_a_failed_holder_is_cleared_by_the_next() {
+    let env = TestEnv::start().await;
+    let (source, target, plan_path, plan) = status_tables(&env).await;
+    let backfilled: Vec<Item> = (100..103)
+        .map(|id| item(&img(id, "PAID", 1).to_string()))
+        .collect();
+    env.put(&source, &backfilled).await;
+    let double = Arc::new(Double {
+        shards: vec![
+            Shard {
+                id: "shard-a",
+                parent: None,
+                closed: true,
+                records: created(100, 1).to_vec(),
+            },
+            Shard {
+                id: "shard-b",
+                parent: Some("shard-a"),
+                closed: true,
+                records: vec![],
+            },
+        ],
+        expire_once: Mutex::new(vec![]),
+        trimmed: vec![],
+        calls: Mutex::new(Vec::new()),
+    });
+    let streams = serve(double).await;
+    let (fleet, url, ctl) = control_table(&env, "orphan");
+    fleet.control.ensure().await.unwrap();
+    let info = rekey::aws::streams::ShardInfo {
+        id: "shard-b".into(),
+        parent: Some("shard-a".into()),
+        closed: true,
+    };
+    fleet.create_shard(&info).await.unwrap();
+    let junk = rekey::state::fleet::shard::pack(&["not a record"], 1000).unwrap();
+    let planted = fleet.put_chunk("shard-b", 0, 0, junk[0].1.clone()).await;
+    assert_eq!(planted.unwrap(), rekey::aws::control::Cond::Written);
+    assert_eq!(chunks_left(&env, &ctl).await.len(), 1);
+
+    let plan_s = plan_path.to_str().unwrap();
+    let a = worker_args(plan_s, &url, "w1", env.dir.path(), &[]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = env
+        .command(&a, &[("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", &streams)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let mut all = backfilled.clone();
+    all.push(item(&img(1, "OPEN", 2).to_string()));
+    assert_target_is(&env, &plan, &target, &all, "the stream applied").await;
+    let s = snapshot(&fleet).await;
+    assert!(s.shards.iter().all(|u| u.cp.done), "{:?}", s.shards);
+    assert_eq!(
+        chunks_left(&env, &ctl).await,
+        vec![],
+        "no chunk left behind"
+    );
+}

@@ -368,6 +368,14 @@ impl Ctx {
         lease: u64,
         stop: CancellationToken,
     ) -> anyhow::Result<bool> {
+        if !u.cp.done {
+            // A holder that died (or failed) between writing chunk n and
+            // committing it left chunk n uncommitted. A holder that buffers
+            // rewrites it; one that goes live never would, so it is cleared
+            // before this lease writes anything. Earlier holders stopped
+            // writing a fence before this lease was granted.
+            self.fleet.delete_chunk(&u.id, u.cp.chunks).await?;
+        }
         let mut iterator: Option<String> = None;
         loop {
             if stop.is_cancelled() {

@@ -23,8 +23,9 @@
 //! The buffer protocol: write chunk n (conditional on no newer lease having
 //! written it), then commit `{seq, chunks = n + 1}` conditional on the lease
 //! and on `chunks = n` (the fence). A holder that dies between the two leaves
-//! chunk n uncommitted: the next holder reads again from `seq` and rewrites
-//! chunk n. Applying moves the cursor the same way: apply chunk k, commit
+//! chunk n uncommitted: the next holder deletes it when it takes the shard
+//! (it may go live and never write chunk n), then reads again from `seq`.
+//! Applying moves the cursor the same way: apply chunk k, commit
 //! `applied = k + 1`, then delete chunk k (a chunk left by a death between
 //! the commit and the delete is below the cursor, never read again).
 
