@@ -456,6 +456,66 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
     assert_export_target(&env, &target, &plan, &items, &[&lost, &refused]).await;
 }
 
+/// Regression: a stop in the middle of an export's data file waited forever
+/// on the file's reader, which was blocked on a full channel that the
+/// stopped consumer still held (in the fleet: a lease lost or a unit handed
+/// back mid-file left a worker renewing its lease and reading nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_export_file_stops_rather_than_waiting_on_the_files_reader() {
+    let env = TestEnv::start().await;
+    let (target, plan, plan_path) = export_setup(&env).await;
+    // One file of 3,000 lines: more than the reader's channel holds, so the
+    // reader is blocked on it when the stop comes.
+    let items = export_orders(3000);
+    let dir = env.dir.path().join("export");
+    write_export(
+        &dir,
+        EXPORT_ID,
+        "arn:aws:dynamodb:us-east-1:000000000000:table/src",
+        items.iter().cloned(),
+        1,
+        1_700_000_000_000,
+    )
+    .unwrap();
+    let state = env.dir.path().join("state");
+    let mut args = vec![
+        "backfill",
+        plan_path.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--from-export",
+        dir.to_str().unwrap(),
+        "--json",
+        "--write-rate",
+        "300",
+    ];
+    let mut child = env.spawn(&args);
+    wait_for_progress(&state, Duration::from_secs(120)).await;
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let mut code = None;
+    poll_until(
+        "an exit after SIGTERM (a hang is the regression)",
+        Duration::from_secs(60),
+        || {
+            code = child.try_wait().unwrap().map(|s| s.code());
+            code.is_some()
+        },
+    )
+    .await;
+    assert_eq!(code, Some(Some(143)), "stopped, checkpointed");
+
+    args[8] = "100000";
+    let out = env.rekey(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: Json = report(&out);
+    assert_eq!(r["resumed"], true);
+    assert_eq!(r["totals"]["scanned"], 3000);
+    assert_export_target(&env, &target, &plan, &items, &[]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_from_an_s3_export() {
     let env = TestEnv::start().await;

@@ -210,9 +210,13 @@ impl Drive<'_> {
             Some(FileState::Lines(n)) => n,
             None => 0,
         };
-        let (tx, mut rx) = lines_channel(EXPORT_PAGE * 2);
+        let (tx, rx) = lines_channel(EXPORT_PAGE * 2);
         let reading = reader.read_file(file, done, tx);
         let consuming = async {
+            // Owned here, so that a stop or an error, which ends this block,
+            // drops the receiver: the reader, blocked on a full channel,
+            // then sees it gone and ends too, instead of waiting forever.
+            let mut rx = rx;
             let mut lines = done;
             let mut page: Vec<Item> = Vec::with_capacity(EXPORT_PAGE);
             let mut bad: Vec<(Item, String)> = Vec::new();
