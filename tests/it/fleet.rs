@@ -681,10 +681,7 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
 /// reports the fleet's verdict; its counts are the single-machine verify's
 /// on the same tables.
 async fn fleet_verify(s: &crate::verify::Setup, migration: &str) -> Vec<serde_json::Value> {
-    let ctl = s.env.table_name("ctl");
-    let url = format!("dynamodb://{ctl}/{migration}");
-    let at = FleetRef::parse(&url, "unused").unwrap();
-    let fleet = Fleet::verify(ControlTable::new(&s.env.clients, &ctl), at, "test");
+    let (fleet, url) = verify_fleet(s, migration);
     let start = |w: &str| {
         let extra = ["--segments", "6", "--page-size", "10", "--read-rate", "20"];
         let extra = [&extra[..], &["--target-read-rate", "20"]].concat();
@@ -699,20 +696,51 @@ async fn fleet_verify(s: &crate::verify::Setup, migration: &str) -> Vec<serde_js
     kill_9(&mut v1);
     let (o2, o3) = tokio::join!(wait_output(v2), wait_output(v3));
     let snap = snapshot(&fleet).await;
-    assert_eq!(snap.units.len(), 12, "6 forward and 6 orphan units");
-    assert!(snap.all_done());
-    check_grants_ordered(&snap);
     assert!(
         snap.grants.iter().any(|g| g.owner == "v1" && !g.released),
         "v1 died holding a lease"
     );
+    verdict_reports(&fleet, [("v2", o2), ("v3", o3)]).await
+}
+
+/// The control table of a fleet verify of `s`: (handle, `--state` URL).
+fn verify_fleet(s: &crate::verify::Setup, migration: &str) -> (Fleet, String) {
+    let ctl = s.env.table_name("ctl");
+    let url = format!("dynamodb://{ctl}/{migration}");
+    let at = FleetRef::parse(&url, "unused").unwrap();
+    let fleet = Fleet::verify(ControlTable::new(&s.env.clients, &ctl), at, "test");
+    (fleet, url)
+}
+
+/// Two verify processes on `s`, unhurried and unharmed: their reports.
+async fn fleet_verify_two(s: &crate::verify::Setup, migration: &str) -> Vec<serde_json::Value> {
+    let (fleet, url) = verify_fleet(s, migration);
+    let start = |w: &str| {
+        let extra = ["--segments", "6", "--page-size", "25"];
+        spawn_process(&s.env, "verify", &s.plan_s, &url, w, &extra)
+    };
+    let (v1, v2) = (start("v1"), start("v2"));
+    let (o1, o2) = tokio::join!(wait_output(v1), wait_output(v2));
+    verdict_reports(&fleet, [("v1", o1), ("v2", o2)]).await
+}
+
+/// Every unit done, no two leases at once, and each process's report is
+/// the verdict recorded in the control table.
+async fn verdict_reports(
+    fleet: &Fleet,
+    outputs: [(&str, std::process::Output); 2],
+) -> Vec<serde_json::Value> {
+    let snap = snapshot(fleet).await;
+    assert_eq!(snap.units.len(), 12, "6 forward and 6 orphan units");
+    assert!(snap.all_done());
+    check_grants_ordered(&snap);
     let verdict = fleet.verify_verdict().await.unwrap().unwrap();
     assert!(
         verdict.finished_ms.unwrap() >= verdict.started_ms,
         "{verdict:?}"
     );
     let mut reports = Vec::new();
-    for (id, out) in [("v2", o2), ("v3", o3)] {
+    for (id, out) in outputs {
         let r = report(&out);
         assert_eq!(r["clean"].as_bool(), verdict.clean, "{id}: {r}");
         assert_eq!(
@@ -782,6 +810,84 @@ async fn three_verify_processes_one_killed_agree_with_one_machine_clean_and_corr
             assert!(!r.to_string().contains(secret), "{r}");
         }
     }
+}
+
+/// A plan without `source_key_prefix` (dropping `scratch`): the fleet
+/// verify reads each target item's source key back through the plan's
+/// inverse and agrees with one machine, which uses its index of expected
+/// keys — clean, then with a changed, a deleted, a stray and a wrong-shard
+/// item. A plan whose target key loses part of the source key (the
+/// `collide` rule) is refused, saying which rule and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_verify_without_the_prefix_reads_orphans_back_through_the_inverse() {
+    let s = crate::verify::setup_plan(150, |p| p.without_rule("collide")).await;
+    let one = |s: &crate::verify::Setup| {
+        let out = s.env.rekey(&s.verify_args(&["--json", "--restart"]));
+        (out.status.code(), report(&out))
+    };
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(0), "{local}");
+    let fleet = fleet_verify_two(&s, "inv-clean").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        assert_eq!(r["clean"], true);
+    }
+
+    crate::verify::corrupt(&s, false).await;
+    // An order's item under another shard than its id computes: no source
+    // item can map there, though its key reads back.
+    let mut wrong = s
+        .env
+        .scan_all(&s.target)
+        .await
+        .into_iter()
+        .find(|t| matches!(t.get("SK"), Some(rekey::core::value::Value::S(k)) if k == "O#000030"))
+        .expect("order 30 in the target");
+    let rekey::core::value::Value::S(pk) = wrong["PK"].clone() else {
+        panic!("a string key")
+    };
+    let (head, shard) = pk.rsplit_once("#S#").unwrap();
+    let other = (shard.parse::<u32>().unwrap() + 1) % 8;
+    wrong.insert(
+        "PK".into(),
+        rekey::core::value::Value::S(format!("{head}#S#{other}")),
+    );
+    s.env.put(&s.target, &[wrong]).await;
+    let (code, local) = one(&s);
+    assert_eq!(code, Some(4), "{local}");
+    let fleet = fleet_verify_two(&s, "inv-corrupted").await;
+    for r in &fleet {
+        assert_eq!(r["counts"], local["counts"], "fleet vs one machine");
+        let c = &r["counts"];
+        assert_eq!(
+            (
+                &c["different"],
+                &c["missing"],
+                &c["orphans"],
+                &c["unconfirmed"]
+            ),
+            (&1.into(), &1.into(), &2.into(), &0.into()),
+            "{c}"
+        );
+    }
+
+    let refused = crate::verify::setup(20, false).await;
+    let url = format!("dynamodb://{}/refused", refused.env.table_name("ctl"));
+    let out = wait_output(spawn_process(
+        &refused.env,
+        "verify",
+        &refused.plan_s,
+        &url,
+        "v1",
+        &[],
+    ))
+    .await;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("rule `collide`") && err.contains("give the plan source_key_prefix"),
+        "{err}"
+    );
 }
 
 /// `rekey cutover --state`: on the machine of `rekey tail --fleet`, the

@@ -37,16 +37,26 @@ pub(crate) struct Setup {
 /// `n` orders (and the workload's collisions and unmatched items),
 /// backfilled on one machine; `prefix`: the plan keeps the source key.
 pub(crate) async fn setup(n: usize, prefix: bool) -> Setup {
+    setup_plan(n, |plan| match prefix {
+        true => plan.source_key_prefix("src_"),
+        false => plan,
+    })
+    .await
+}
+
+/// [`setup`] with the plan as `shape` makes it of the tables' plan
+/// ([`tenant_days`], dropping `scratch`).
+pub(crate) async fn setup_plan(
+    n: usize,
+    shape: impl FnOnce(crate::support::plan::PlanText) -> crate::support::plan::PlanText,
+) -> Setup {
     let env = TestEnv::start().await;
     let source = env.table_name("src");
     let target = env.table_name("dst");
     env.create_table(&source, &pk_sk()).await;
     env.create_table(&target, &pk_sk()).await;
     env.put(&source, &workload(n)).await;
-    let mut plan = tenant_days(&source, &target, "T#{t}#ST#{@status}");
-    if prefix {
-        plan = plan.source_key_prefix("src_");
-    }
+    let plan = shape(tenant_days(&source, &target, "T#{t}#ST#{@status}"));
     let (plan_path, plan) = plan.drop_attrs(&["scratch"]).write(&env);
     let state = env.dir.path().join("state");
     let s = Setup {

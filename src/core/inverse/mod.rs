@@ -195,6 +195,8 @@ pub fn inverse(plan: &Plan, target: &Item) -> InverseOutcome {
 pub struct Inverter<'p> {
     plan: &'p Plan,
     rules: Vec<RuleInverse<'p>>,
+    /// Only the source key is wanted ([`Inverter::keys`]).
+    keys_only: bool,
 }
 
 /// One reading of a target item: the bound values, and the text each
@@ -242,7 +244,27 @@ impl<'p> Inverter<'p> {
             Mode::Rekey => (0..plan.rules.len()).map(|i| compile(plan, i)).collect(),
             Mode::InPlace => Vec::new(),
         };
-        Inverter { plan, rules }
+        Inverter {
+            plan,
+            rules,
+            keys_only: false,
+        }
+    }
+
+    /// An inverse that reads back only the source item's key (a fleet
+    /// verify's orphan check): a rule that drops or removes attributes loses
+    /// part of each item but not its key, so it is read too (one that
+    /// overwrites an attribute it reads is not: what it computed from the
+    /// source's value cannot be recomputed from the target's). The item
+    /// returned then lacks what the rule took away, but it is still checked
+    /// as every reading is (its computed key parts recompute, the transform
+    /// maps it back to the same key), so its key is never a wrong one; an
+    /// item that cannot be so checked is a reject, as before.
+    pub fn keys(plan: &'p Plan) -> Inverter<'p> {
+        Inverter {
+            keys_only: true,
+            ..Inverter::new(plan)
+        }
     }
 
     pub fn invert(&self, target: &Item) -> InverseOutcome {
@@ -421,8 +443,14 @@ impl<'p> Inverter<'p> {
         readings: Result<Vec<Assignment>, InverseReason>,
         t: &Item,
     ) -> Result<Item, InverseReason> {
-        if !r.lost.is_empty() {
-            return Err(InverseReason::Irreversible(r.lost.clone()));
+        let lost: Vec<Irreversible> = r
+            .lost
+            .iter()
+            .filter(|l| !(self.keys_only && matches!(l, Irreversible::Removed { .. })))
+            .cloned()
+            .collect();
+        if !lost.is_empty() {
+            return Err(InverseReason::Irreversible(lost));
         }
         let mut acc = readings?;
         for c in &r.carriers {

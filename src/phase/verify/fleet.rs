@@ -15,9 +15,12 @@
 //! nothing of that page, and the next holder redoes it. Once every unit is
 //! done, the first process to see it writes the verdict (`VERIFY`).
 //!
-//! What it cannot do (yet), and refuses: plans without `source_key_prefix`
-//! (their orphan check needs the index of expected target keys that one
-//! machine's forward pass builds), `--sample`, `--repair`, `--reverse`. Its
+//! Its orphan check reads each target item's source key back, item by item:
+//! from the `source_key_prefix` copies, or without them through the plan's
+//! inverse ([`Inverter::keys`]). What it cannot do (yet), and refuses: a plan
+//! without the prefix whose target key does not hold the whole source key
+//! (only the index of expected target keys that one machine's forward pass
+//! builds can tell its orphans), `--sample`, `--repair`, `--reverse`. Its
 //! re-check has no stream watch: a source item rewritten A→B→A between two
 //! reads is judged by value (a false alarm is possible there, never a
 //! missed difference).
@@ -211,11 +214,9 @@ async fn settle_orphan_page(ctx: &Ctx, page: &Page) -> anyhow::Result<(Counts, V
 }
 
 fn refuse_unsupported(plan: &Plan, opts: &VerifyOptions) -> anyhow::Result<()> {
-    let what = if plan.source_key_prefix.is_none() {
-        Some(
-            "a plan without source_key_prefix (its orphan check needs the index of expected \
-             target keys one machine's forward pass builds)",
-        )
+    let unread = unreadable_key(plan);
+    let what = if let Some(why) = &unread {
+        Some(why.as_str())
     } else if opts.sample.is_some() {
         Some("--sample")
     } else if opts.repair {
@@ -236,8 +237,45 @@ fn refuse_unsupported(plan: &Plan, opts: &VerifyOptions) -> anyhow::Result<()> {
     }
 }
 
+/// Why the orphan check cannot read target items back, if it cannot: without
+/// `source_key_prefix` it reads each target item's source key through the
+/// plan's inverse ([`Inverter::keys`]), so every rule's target key must hold
+/// the whole source key, one way only (no variable parts side by side, no
+/// two rules' target keys meeting), and no rule may overwrite an attribute
+/// it reads; attributes a rule drops do not matter. Else only one machine's index of expected keys can tell.
+pub(super) fn unreadable_key(plan: &Plan) -> Option<String> {
+    use crate::core::inverse::{Irreversible, reversibility};
+    if plan.source_key_prefix.is_some() {
+        return None;
+    }
+    let lost = reversibility(plan).into_iter().find_map(|r| {
+        let why: Vec<String> = r
+            .reasons
+            .iter()
+            .filter(|x| {
+                matches!(
+                    x,
+                    Irreversible::InPlace
+                        | Irreversible::LostSourceKey { .. }
+                        | Irreversible::LostCapture { .. }
+                        | Irreversible::Overwritten { .. }
+                        | Irreversible::Adjacent { .. }
+                        | Irreversible::Overlap { .. }
+                )
+            })
+            .map(ToString::to_string)
+            .collect();
+        (!why.is_empty()).then(|| format!("rule `{}`: {}", r.rule, why.join("; ")))
+    })?;
+    Some(format!(
+        "a plan without source_key_prefix whose target key does not hold the whole source key \
+         ({lost}), so its orphans cannot be read back (give the plan source_key_prefix)"
+    ))
+}
+
 /// The verify's context for a fleet process: the tables' read budgets, no
-/// index of expected keys (the plan keeps its source key), the re-checks
+/// index of expected keys (target items name their source: the prefix, or
+/// the inverse), the re-checks
 /// waiting on the fleet's `TAIL`. Its local store (for the stream watch's
 /// bookkeeping, unused here) is its own, beside a local verify's.
 fn fleet_ctx(
@@ -270,6 +308,7 @@ fn fleet_ctx(
         phase: std::sync::Mutex::new(Step::Forward),
         notes: std::sync::Mutex::new(Vec::new()),
         fleet_tail: Some(fleet),
+        named_by_inverse: plan.source_key_prefix.is_none(),
     }))
 }
 

@@ -48,6 +48,7 @@ use crate::aws::Clients;
 use crate::aws::rate::{Control, Rate};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
 use crate::aws::write::write_batch;
+use crate::core::inverse::{InverseOutcome, InverseReason, Inverter};
 use crate::core::plan::{Mode, Plan};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
@@ -339,6 +340,32 @@ struct Ctx {
     /// A fleet verify: the re-checks wait on the fleet tail's `TAIL` item,
     /// not on a tail's status file on this machine.
     fleet_tail: Option<crate::state::fleet::Fleet>,
+    /// Target items name their source through the plan's inverse (a fleet
+    /// verify of a plan without `source_key_prefix`, which has no index of
+    /// expected keys): see [`Ctx::named_sources`].
+    named_by_inverse: bool,
+}
+
+/// What a target item says of the source item it came from.
+#[derive(Debug, Clone, PartialEq)]
+enum Named {
+    /// The source item's key.
+    Source(Item),
+    /// No source item maps to it: it carries no source key, or no rule's
+    /// target shapes read it.
+    Nothing,
+    /// The plan's inverse cannot tell (an ambiguous key, a computed part
+    /// that does not recompute): a candidate it cannot settle.
+    Unreadable(String),
+}
+
+impl Named {
+    fn key(&self) -> Option<&Item> {
+        match self {
+            Named::Source(k) => Some(k),
+            _ => None,
+        }
+    }
 }
 
 impl Ctx {
@@ -348,6 +375,47 @@ impl Ctx {
     fn tgt_names(&self) -> Vec<&str> {
         self.plan.target_key.names()
     }
+    /// Whether target items name their source item (`source_key_prefix`, or
+    /// the inverse), so that an orphan is read back item by item; else the
+    /// orphan check needs the forward pass's index of expected keys.
+    fn names_sources(&self) -> bool {
+        self.plan.source_key_prefix.is_some() || self.named_by_inverse
+    }
+
+    /// The source item each target item names (see [`Ctx::names_sources`]).
+    /// Through the inverse, no source item maps to an item no rule's target
+    /// shapes read, one without its target key, or one whose computed key
+    /// part (a shard) is not what its source key computes; the inverse never
+    /// returns a wrong key, and anything else it cannot read is left
+    /// unconfirmed rather than called an orphan ([`unreadable_key`] refuses
+    /// the plans where that would be every item).
+    ///
+    /// [`unreadable_key`]: fleet::unreadable_key
+    fn named_sources(&self, targets: &[&Item]) -> Vec<Named> {
+        let named = |k: Option<Item>| k.map_or(Named::Nothing, Named::Source);
+        if !self.named_by_inverse || self.plan.source_key_prefix.is_some() {
+            return targets
+                .iter()
+                .map(|t| named(kept_source_key(&self.plan, t)))
+                .collect();
+        }
+        let inverse = Inverter::keys(&self.plan);
+        let sn = self.src_names();
+        targets
+            .iter()
+            .map(|t| match inverse.invert(t) {
+                InverseOutcome::Put { item, .. } => Named::Source(key_item(&item, &sn)),
+                InverseOutcome::Skip => Named::Nothing,
+                InverseOutcome::Reject(r) => match r.reason {
+                    InverseReason::NoRuleMatched
+                    | InverseReason::MissingTargetKey(_)
+                    | InverseReason::ComputedMismatch { .. } => Named::Nothing,
+                    _ => Named::Unreadable(format!("the plan's inverse cannot read it back: {r}")),
+                },
+            })
+            .collect()
+    }
+
     fn note(&self, text: String) {
         let mut n = self.notes.lock().unwrap_or_else(|e| e.into_inner());
         if !n.contains(&text) {
@@ -497,6 +565,7 @@ pub async fn run(
         phase: std::sync::Mutex::new(meta.phase),
         notes: std::sync::Mutex::new(Vec::new()),
         fleet_tail: None,
+        named_by_inverse: false,
     });
 
     progress.start("verify", Some(source.item_count));

@@ -50,19 +50,22 @@ pub(super) async fn compare_backward(
         target_matched: page.unreadable,
         ..Default::default()
     };
-    // With the prefix: map each target item back to its source item.
+    // Named (the prefix, the inverse): map each target item back to its
+    // source item.
     let mut maps_back: HashMap<Vec<u8>, bool> = HashMap::new();
-    if ctx.plan.source_key_prefix.is_some() {
-        let keys: Vec<Item> = page
-            .items
-            .iter()
-            .filter_map(|t| kept_source_key(&ctx.plan, t))
-            .collect();
+    let named = if ctx.names_sources() {
+        ctx.named_sources(&page.items.iter().collect::<Vec<_>>())
+    } else {
+        Vec::new()
+    };
+    if ctx.names_sources() {
+        let keys: Vec<Item> = named.iter().filter_map(Named::key).cloned().collect();
         let sources = ctx.get(false, &keys, false).await?;
-        for t in &page.items {
+        for (t, n) in page.items.iter().zip(&named) {
             let tk = encode_key(t, &tn).unwrap_or_default();
-            let ok = kept_source_key(&ctx.plan, t)
-                .and_then(|k| encode_key(&k, &sn))
+            let ok = n
+                .key()
+                .and_then(|k| encode_key(k, &sn))
                 .and_then(|k| sources.get(&k))
                 .is_some_and(|s| {
                     matches!(transform(&ctx.plan, s), Outcome::Put { item, .. }
@@ -72,7 +75,7 @@ pub(super) async fn compare_backward(
         }
     }
     let mut cands = Vec::new();
-    for t in &page.items {
+    for (i, t) in page.items.iter().enumerate() {
         let tk = encode_key(t, &tn).unwrap_or_default();
         let expected = match maps_back.get(&tk) {
             Some(ok) => *ok,
@@ -86,7 +89,7 @@ pub(super) async fn compare_backward(
         cands.push(Mismatch {
             kind: Kind::Orphan,
             suspected: None,
-            source_key: kept_source_key(&ctx.plan, t),
+            source_key: named.get(i).and_then(Named::key).cloned(),
             target_key: Some(key_item(t, &tn)),
             attributes: Vec::new(),
             reason: None,
@@ -180,7 +183,7 @@ pub(super) async fn decide_orphans(
     batch: &[(String, Mismatch)],
 ) -> anyhow::Result<Vec<Option<Verdict>>> {
     let (sn, tn) = (ctx.src_names(), ctx.tgt_names());
-    let prefix = ctx.plan.source_key_prefix.is_some();
+    let named = ctx.names_sources();
     {
         let mut through = batch
             .iter()
@@ -188,7 +191,7 @@ pub(super) async fn decide_orphans(
             .max()
             .map_or_else(Utc::now, ms_to_time)
             + MARGIN;
-        if !prefix {
+        if !named {
             let end: Option<i64> = ctx.ledger.lock().await.store.get("verify/p2_end_ms")?;
             through = through.max(end.map_or_else(Utc::now, ms_to_time) + MARGIN);
         }
@@ -224,8 +227,9 @@ pub(super) async fn decide_orphans(
                 .collect();
             let targets = ctx.get(true, &tkeys, true).await?;
             let read_at = Utc::now() + MARGIN;
-            // Who could own each target item still present.
-            let mut owners: Vec<Option<Vec<Item>>> = vec![None; live.len()];
+            // Who could own each target item still present (Err: the
+            // inverse cannot tell).
+            let mut owners: Vec<Option<Owners>> = vec![None; live.len()];
             let mut watch_behind = None;
             if let Some(w) = watcher
                 && let Err(why) = w.wait(read_at, ctx.opts.recheck_timeout).await
@@ -234,7 +238,13 @@ pub(super) async fn decide_orphans(
                 watch_behind = Some(why);
             }
             owners_of(ctx, watcher, &tkeys, &targets, &mut owners).await?;
-            let skeys: Vec<Item> = owners.iter().flatten().flatten().cloned().collect();
+            let skeys: Vec<Item> = owners
+                .iter()
+                .flatten()
+                .filter_map(|o| o.as_ref().ok())
+                .flatten()
+                .cloned()
+                .collect();
             // As in the forward re-check: writes seen to each owner before it is read.
             let seen: HashMap<Vec<u8>, u64> = if watcher.is_some() && watch_behind.is_none() {
                 let counts = ctx.ledger.lock().await.writes(&skeys, &sn)?;
@@ -260,10 +270,13 @@ pub(super) async fn decide_orphans(
                     continue;
                 };
                 let mut m = batch[i].1.clone();
-                if let Some(why) = &watch_behind {
-                    verdicts[i] = Some(Verdict::Unconfirmed(m, why.clone()));
-                    continue;
-                }
+                let owners = match (owners, &watch_behind) {
+                    (_, Some(why)) | (Err(why), None) => {
+                        verdicts[i] = Some(Verdict::Unconfirmed(m, why.clone()));
+                        continue;
+                    }
+                    (Ok(owners), None) => owners,
+                };
                 let srcs: Vec<OwnerRead> = owners
                     .iter()
                     .map(|k| {
@@ -278,7 +291,7 @@ pub(super) async fn decide_orphans(
                 if maps {
                     verdicts[i] = Some(Verdict::Resolved);
                 } else if owners.is_empty() || !tail || prev[i].as_ref() == Some(&srcs) {
-                    if prefix {
+                    if named {
                         m.source_key = owners.first().cloned();
                     }
                     verdicts[i] = Some(Verdict::Confirmed(m));
@@ -312,34 +325,40 @@ async fn commit_verdicts(
     Ok(())
 }
 
+/// The source keys that could own a target item, or why that cannot be told.
+type Owners = Result<Vec<Item>, String>;
+
 /// Who could own each target item still present (None: the item is gone).
 async fn owners_of(
     ctx: &Ctx,
     watcher: Option<&Watcher>,
     tkeys: &[Item],
     targets: &HashMap<Vec<u8>, Item>,
-    owners: &mut [Option<Vec<Item>>],
+    owners: &mut [Option<Owners>],
 ) -> anyhow::Result<()> {
-    let (tn, prefix) = (ctx.tgt_names(), ctx.plan.source_key_prefix.is_some());
+    let tn = ctx.tgt_names();
     for (n, k) in tkeys.iter().enumerate() {
         let Some(t) = encode_key(k, &tn).and_then(|tk| targets.get(&tk)) else {
             continue;
         };
-        owners[n] = if prefix {
-            Some(kept_source_key(&ctx.plan, t).into_iter().collect())
+        owners[n] = if ctx.names_sources() {
+            match ctx.named_sources(&[t]).pop() {
+                Some(Named::Source(k)) => Some(Ok(vec![k])),
+                Some(Named::Unreadable(why)) => Some(Err(why)),
+                Some(Named::Nothing) | None => Some(Ok(Vec::new())),
+            }
         } else if watcher.is_some() {
             let tk = encode_key(k, &tn).unwrap_or_default();
             let l = ctx.ledger.lock().await;
-            Some(
-                l.store
-                    .scan_prefix::<Item>(&format!("{TOUCHED}{}/", hex(&tk)))?
-                    .into_iter()
-                    .map(|(_, sk)| sk)
-                    .collect(),
-            )
+            Some(Ok(l
+                .store
+                .scan_prefix::<Item>(&format!("{TOUCHED}{}/", hex(&tk)))?
+                .into_iter()
+                .map(|(_, sk)| sk)
+                .collect()))
         } else {
             // No stream, so no tail and no live writes: the pass was exact.
-            Some(Vec::new())
+            Some(Ok(Vec::new()))
         };
     }
     Ok(())

@@ -130,6 +130,12 @@ impl PlanText {
         self
     }
 
+    /// The plan without its rule named `name`.
+    pub fn without_rule(mut self, name: &str) -> PlanText {
+        self.rules.retain(|r| r.name.as_deref() != Some(name));
+        self
+    }
+
     /// The plan as TOML.
     pub fn text(&self) -> String {
         let mut t = String::new();

@@ -552,3 +552,43 @@ fn the_example_plans_report_per_rule() {
         }
     }
 }
+
+#[test]
+fn the_keys_inverter_reads_the_source_key_through_a_drop_but_not_through_a_lost_key_part() {
+    // `drop` loses an attribute of every item: the full inverse refuses,
+    // the keys inverter reads the key back (the item without `debug`).
+    let p = plan_with("drop = [\"debug\"]", ORDER);
+    let mut source = order();
+    source.insert("debug".into(), Value::S("trace".into()));
+    let target = put(&p, &source);
+    assert!(matches!(
+        inverse(&p, &target),
+        InverseOutcome::Reject(InverseReject {
+            reason: InverseReason::Irreversible(_),
+            ..
+        })
+    ));
+    match Inverter::keys(&p).invert(&target) {
+        InverseOutcome::Put { rule, item } => {
+            assert_eq!(rule, Some(0));
+            assert_eq!(item, order(), "the source item without what drop took");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A target key without the source's day: no key to read back, either way.
+    let lost = plan_with(
+        "",
+        r#"[[rule]]
+name = "no_day"
+match = { PK = "TENANT#{tenant}#DAY#{day}", SK = "ORDER#{order_id}" }
+key = { PK = "TENANT#{tenant}", SK = "ORDER#{order_id}" }"#,
+    );
+    let target = put(&lost, &order());
+    assert!(matches!(
+        Inverter::keys(&lost).invert(&target),
+        InverseOutcome::Reject(InverseReject {
+            reason: InverseReason::Irreversible(_),
+            ..
+        })
+    ));
+}
