@@ -110,8 +110,8 @@ pub enum Command {
     /// the plan's value (checkpointed and resumable like backfill). Stop the tail first.
     Undo(BackfillArgs),
     /// One of N identical workers sharing one migration's backfill through a DynamoDB control
-    /// table (--state dynamodb://TABLE[/MIGRATION]): takes Scan segments under leases, exits 0
-    /// once every segment is done.
+    /// table (--state dynamodb://TABLE[/MIGRATION]): takes Scan segments (with --from-export,
+    /// the export's data files) under leases, exits 0 once every unit is done.
     Worker(WorkerArgs),
     /// Keep the target current from the source table's stream (buffered until the backfill is done).
     Tail(TailArgs),
@@ -343,7 +343,7 @@ pub struct FleetProcessArgs {
     /// How long a lease lives without renewal; a dead process's units are taken over after it.
     #[arg(long, value_name = "SECONDS", default_value_t = 20.0)]
     pub lease_seconds: f64,
-    /// Units (Scan segments) held at once, at most.
+    /// Units (Scan segments, export data files) held at once, at most.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub max_units: usize,
 }
@@ -371,7 +371,9 @@ pub struct WorkerArgs {
     #[command(flatten)]
     pub state: StateArgs,
     /// The table-wide budgets (--write-rate, --read-rate) are shared by the live workers;
-    /// --segments fixes the unit count when this worker creates the migration (default 32);
+    /// --segments fixes the unit count when this worker creates the migration (default 32;
+    /// with --from-export the units are the export's data files, and every worker of the
+    /// migration must give the same --from-export);
     /// --rejects is this worker's own file (default: <state dir>/rejects-<worker id>.jsonl).
     #[command(flatten)]
     pub copy: CopyArgs,
@@ -672,7 +674,8 @@ pub struct ScanArgs {
     /// Read budget: RCU per second, or a share of the provisioned read capacity (25%). Default: unlimited.
     #[arg(long, value_name = "RCU|N%")]
     pub read_rate: Option<Rate>,
-    /// Items per Scan page (default: DynamoDB's 1 MB pages).
+    /// Items per Scan page (default: DynamoDB's 1 MB pages); for `rekey worker --from-export`,
+    /// lines per page of a data file (default 500).
     #[arg(long, value_name = "N")]
     pub page_size: Option<i32>,
 }

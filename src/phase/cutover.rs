@@ -70,6 +70,9 @@ pub struct FleetEvidence {
     /// Every unit done ("backfill done"), epoch ms.
     pub done_ms: Option<i64>,
     pub totals: Counters,
+    /// `--from-export`: the export the backfill read and the time of its
+    /// data (`export ID at LOCATION, data as of TIME`); None: a Scan.
+    pub export: Option<String>,
     /// The fleet verify started before the backfill was done: it proves nothing.
     pub verify_before_done: bool,
     /// The fleet's own tail (`rekey worker --tail`), when its workers have
@@ -197,10 +200,16 @@ impl Evidence {
             })
         });
         let before = |v: &VerifyResult| done_ms.is_none_or(|d| v.started_at.timestamp_millis() < d);
+        let export = backfill.meta.as_ref().and_then(|m| m.export.as_ref());
         e.fleet = Some(FleetEvidence {
             at: at.display(),
             done_ms,
             totals,
+            export: export.map(|x| {
+                let time = chrono::DateTime::from_timestamp_millis(x.export_time_ms)
+                    .map_or_else(|| x.export_time_ms.to_string(), |t| snapshot::show_time(&t));
+                format!("{}, data as of {time}", x.describe())
+            }),
             verify_before_done: finished.as_ref().is_some_and(before),
             tail: FleetTail::of(&backfill.shards, crate::aws::streams::now_secs()),
         });
@@ -236,8 +245,11 @@ pub fn gates(e: &Evidence, opts: &CutoverOptions, now: chrono::DateTime<chrono::
             "backfill complete",
             e.backfill_done,
             format!(
-                "fleet {}: {}; {} scanned, {} written, {} rejected, {} skipped",
+                "fleet {}{}: {}; {} scanned, {} written, {} rejected, {} skipped",
                 f.at,
+                f.export
+                    .as_ref()
+                    .map_or(String::new(), |x| format!(" (from {x})")),
                 if e.backfill_done {
                     "every unit done"
                 } else {
@@ -998,6 +1010,7 @@ mod tests {
                 rejected: 2,
                 ..Default::default()
             },
+            export: None,
             verify_before_done: false,
             tail: None,
         };
@@ -1020,6 +1033,22 @@ mod tests {
             ..opts()
         };
         assert!(gates(&e, &accepted, now).iter().all(|g| g.ok));
+        // From an export: the gate names it and the time of its data.
+        let from_export = Evidence {
+            fleet: Some(FleetEvidence {
+                export: Some("export 01-a at s3://b/p, data as of 2026-12-01T00:00:00.000Z".into()),
+                ..fleet.clone()
+            }),
+            ..e.clone()
+        };
+        let g = gates(&from_export, &opts(), now);
+        assert!(
+            g[0].ok
+                && g[0]
+                    .detail
+                    .contains("(from export 01-a at s3://b/p, data as of 2026-12-01"),
+            "{g:?}"
+        );
         // A verify that started before the backfill was done proves nothing.
         let early = Evidence {
             fleet: Some(FleetEvidence {

@@ -333,7 +333,7 @@ async fn sigterm_mid_backfill_checkpoints_and_the_rerun_repeats_no_checkpointed_
 
 const EXPORT_ID: &str = "01700000000000-abcdef12";
 
-fn export_orders(n: usize) -> Vec<Item> {
+pub(crate) fn export_orders(n: usize) -> Vec<Item> {
     (0..n)
         .map(|i| {
             item(&format!(
@@ -371,7 +371,7 @@ fn export_with_a_bad_line(dir: &std::path::Path, items: &[Item]) -> Item {
 
 /// The source of the test: a source table is still needed (its key schema is
 /// checked, and the tail reads its stream).
-async fn export_setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf) {
+pub(crate) async fn export_setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf) {
     let target = env.table_name("dst");
     // The plan names the source table "src".
     env.clients.create_table("src", &pk_sk(), false).await.ok();

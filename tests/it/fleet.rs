@@ -75,7 +75,7 @@ fn has_committed(s: &Snapshot, worker: &str) -> bool {
 
 /// Every rejects line of `files` whose page was committed by the lease that
 /// wrote it: each reject once, however many workers died mid-page.
-fn committed_rejects(files: &[&Path], s: &Snapshot) -> Vec<serde_json::Value> {
+pub(crate) fn committed_rejects(files: &[&Path], s: &Snapshot) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for f in files {
         for line in std::fs::read_to_string(f).unwrap_or_default().lines() {

@@ -18,6 +18,7 @@ mod endpoints;
 mod export;
 mod fleet;
 mod fleet_drain;
+mod fleet_export;
 mod fleet_tail;
 mod import;
 mod inplace;

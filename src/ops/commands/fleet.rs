@@ -11,6 +11,7 @@ use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::phase::backfill::fleet::{self, WorkerOptions, WorkerReport};
 use crate::phase::tail::{self, TailOptions};
+use crate::state::fleet::export::ExportSource;
 use crate::state::fleet::shard::{ShardUnit, fleet_through};
 use crate::state::fleet::{Checkpoint, Counters, FleetRef, Snapshot, wall_ms};
 
@@ -28,11 +29,14 @@ fn worker_text(r: &WorkerReport) -> String {
     let t = &r.totals;
     let w = &r.this_worker;
     format!(
-        "worker {} on {}: backfill {}. This worker: {} units finished, {} scanned = {} written + {} rejected + {} skipped (rejects in {}). \
+        "worker {} on {}{}: backfill {}. This worker: {} units finished, {} scanned = {} written + {} rejected + {} skipped (rejects in {}). \
          The fleet: {} scanned = {} written + {} rejected + {} skipped ({} collisions) over {} units. \
          Control table: {} requests from this worker ({} GetItem, {} Query, {} PutItem, {} UpdateItem); {}.\n",
         r.worker,
         r.state,
+        r.export
+            .as_ref()
+            .map_or(String::new(), |e| format!(" (from {})", e.describe())),
         if r.backfill_done { "done" } else { "not done" },
         r.units_finished.len(),
         w.scanned,
@@ -120,6 +124,9 @@ pub(super) async fn tail_fleet(
 struct FleetStatus {
     state: String,
     segments: u32,
+    /// `--from-export`: the export whose data files are the units.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    export: Option<ExportSource>,
     backfill_done: bool,
     totals: Counters,
     workers: Vec<WorkerLine>,
@@ -207,6 +214,9 @@ struct WorkerLine {
 #[derive(Debug, Serialize)]
 struct UnitLine {
     unit: u32,
+    /// The export data file the unit reads (None: a Scan segment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
     owner: Option<String>,
     lease: u64,
     pages: u64,
@@ -220,6 +230,7 @@ fn fleet_status(at: &FleetRef, snap: Snapshot) -> FleetStatus {
     FleetStatus {
         state: at.display(),
         segments: snap.meta.as_ref().map_or(0, |m| m.segments),
+        export: snap.meta.as_ref().and_then(|m| m.export.clone()),
         backfill_done: snap.meta.as_ref().is_some_and(|m| m.done_ms.is_some()),
         totals: snap.totals(),
         workers: snap
@@ -239,6 +250,7 @@ fn fleet_status(at: &FleetRef, snap: Snapshot) -> FleetStatus {
             .iter()
             .map(|u| UnitLine {
                 unit: u.n,
+                file: u.file.clone(),
                 owner: u.owner.clone(),
                 lease: u.lease,
                 pages: u.page,
@@ -257,9 +269,12 @@ fn fleet_text(s: &FleetStatus) -> String {
     let done = s.units.iter().filter(|u| u.done).count();
     let _ = writeln!(
         o,
-        "fleet {}: {done}/{} units done{}; {} scanned = {} written + {} rejected + {} skipped ({} collisions)",
+        "fleet {}{}: {done}/{} units done{}; {} scanned = {} written + {} rejected + {} skipped ({} collisions)",
         s.state,
-        s.segments,
+        s.export
+            .as_ref()
+            .map_or(String::new(), |e| format!(" (from {})", e.describe())),
+        s.units.len(),
         if s.backfill_done {
             ", backfill done"
         } else {
@@ -281,8 +296,12 @@ fn fleet_text(s: &FleetStatus) -> String {
     for u in &s.units {
         let _ = writeln!(
             o,
-            "  unit {:>3}: {} lease {}, {} pages, {} scanned{}",
+            "  unit {:>3}{}: {} lease {}, {} pages, {} scanned{}",
             u.unit,
+            u.file.as_deref().map_or(String::new(), |f| format!(
+                " (file {})",
+                f.rsplit('/').next().unwrap_or(f)
+            )),
             u.owner.as_deref().unwrap_or("free"),
             u.lease,
             u.pages,

@@ -29,7 +29,8 @@
 //! UpdateItem instead, and read an item back with GetItem after a failed
 //! condition; they need neither BatchWriteItem nor PutItem nor DeleteItem.
 //!
-//! ¹ not with `--export`: the backfill then reads `s3:GetObject` under the
+//! ¹ not with `--export`: the backfill (or the worker, started with
+//!   `--from-export`) then reads `s3:GetObject` under the
 //!   prefix, and `s3:ListBucket` limited to the prefix (to find the newest
 //!   export). ² PutItem (and DeleteItem, for the tail's deletes) isolates
 //!   the request at fault when a batch fails validation. ³ the stream ARN
@@ -92,7 +93,8 @@ pub enum PolicyCommand {
     Reverse,
     /// `rekey rollback`: the reverse tail's barrier marker in the target.
     Rollback,
-    /// `rekey worker`: a backfill by Scan, and the fleet's control table.
+    /// `rekey worker`: a backfill by Scan (or from an export, with
+    /// `--export`), and the fleet's control table.
     Worker,
 }
 
@@ -404,7 +406,13 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                     .extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
             }
             Worker => {
-                n.source.extend(["dynamodb:DescribeTable", "dynamodb:Scan"]);
+                n.source.insert("dynamodb:DescribeTable");
+                if export {
+                    // `--from-export`: the units are the export's data files.
+                    n.export = true;
+                } else {
+                    n.source.insert("dynamodb:Scan");
+                }
                 n.target.extend([
                     "dynamodb:DescribeTable",
                     "dynamodb:BatchWriteItem",

@@ -216,6 +216,32 @@ fn a_backfill_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
 }
 
 #[test]
+fn a_worker_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
+    let opts = PolicyOptions {
+        commands: vec![PolicyCommand::Worker],
+        export: Some(ExportLocation::parse("s3://exports/orders/2026").unwrap()),
+        control_table: Some("rekey-control".into()),
+        ..Default::default()
+    };
+    let (m, sids) = by_resource(&policy(&rekey(), &opts));
+    assert_eq!(
+        m["arn:aws:dynamodb:*:*:table/orders"],
+        set(&["dynamodb:DescribeTable"])
+    );
+    assert_eq!(
+        m["arn:aws:s3:::exports/orders/2026/*"],
+        set(&["s3:GetObject"])
+    );
+    let list = m
+        .iter()
+        .find(|(r, _)| r.starts_with("arn:aws:s3:::exports?"))
+        .map(|(_, a)| a);
+    assert_eq!(list, Some(&set(&["s3:ListBucket"])), "{m:?}");
+    assert!(sids.contains(&sid::CONTROL.to_string()), "{sids:?}");
+    assert!(m["arn:aws:dynamodb:*:*:table/rekey-control"].contains("dynamodb:CreateTable"));
+}
+
+#[test]
 fn the_output_is_valid_json() {
     let p = policy(&rekey(), &PolicyOptions::default());
     let text = serde_json::to_string_pretty(&p).unwrap();

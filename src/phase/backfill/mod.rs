@@ -424,7 +424,10 @@ async fn read_pages(
             Ok(segments) => (drive.scan(segments, opts.page_limit).await, segments),
             Err(e) => (Err(e), 0),
         },
-        Some(loc) => (drive.export(loc, opts.export_files_in_parallel).await, 0),
+        Some(loc) => {
+            let read = drive.export(loc, opts.export_files_in_parallel, EXPORT_PAGE);
+            (read.await, 0)
+        }
     };
     if let (Ok(()), Some(sink)) = (&result, &drive.import) {
         // After the last page, or a stop: what waits in open parts is written.
@@ -476,6 +479,13 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(a.scanned, a.written + a.rejected + a.skipped);
+    }
+
+    #[test]
+    fn an_export_is_read_page_size_lines_a_page() {
+        assert_eq!(export_page(None), EXPORT_PAGE);
+        assert_eq!(export_page(Some(20)), 20);
+        assert_eq!(export_page(Some(0)), 1);
     }
 
     #[test]

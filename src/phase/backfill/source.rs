@@ -161,12 +161,14 @@ impl Drive<'_> {
 
     /// Read an export's data files, `parallel` at a time, committing each
     /// file's line count after every page of writes.
-    pub(super) async fn export(&self, location: &str, parallel: usize) -> anyhow::Result<()> {
+    pub(super) async fn export(
+        &self,
+        location: &str,
+        parallel: usize,
+        lines: usize,
+    ) -> anyhow::Result<()> {
         let loc = ExportLocation::parse(location).map_err(|e| InputError(e.to_string()))?;
-        let s3 = matches!(loc, ExportLocation::S3 { .. }).then(|| S3Client {
-            client: self.clients.s3.clone(),
-            endpoint: self.clients.endpoints.s3.clone(),
-        });
+        let s3 = s3_client(self.clients, &loc);
         let (reader, manifest) = ExportReader::open(loc, s3).await?;
         if let Some(note) = manifest.selection_note() {
             eprintln!("{note}");
@@ -188,7 +190,7 @@ impl Drive<'_> {
                     if self.stop.is_cancelled() {
                         return Ok(());
                     }
-                    self.export_file(&reader, &file).await
+                    self.export_file(&reader, &file, lines).await
                 }
             })
             .buffer_unordered(parallel.max(1))
@@ -202,85 +204,156 @@ impl Drive<'_> {
         &self,
         reader: &ExportReader,
         file: &DataFile,
+        lines: usize,
     ) -> anyhow::Result<()> {
         let key = format!("backfill/file/{}", file.key);
         let stream = core_import::export_stream(&file.key);
-        let done = match self.ledger.lock().await.store.get::<FileState>(&key)? {
+        let from = match self.ledger.lock().await.store.get::<FileState>(&key)? {
             Some(FileState::Done) => return Ok(()),
             Some(FileState::Lines(n)) => n,
             None => 0,
         };
-        let (tx, rx) = lines_channel(EXPORT_PAGE * 2);
-        let reading = reader.read_file(file, done, tx);
-        let consuming = async {
-            // Owned here, so that a stop or an error, which ends this block,
-            // drops the receiver: the reader, blocked on a full channel,
-            // then sees it gone and ends too, instead of waiting forever.
-            let mut rx = rx;
-            let mut lines = done;
-            let mut page: Vec<Item> = Vec::with_capacity(EXPORT_PAGE);
-            let mut bad: Vec<(Item, String)> = Vec::new();
-            let mut last_line = done;
-            loop {
-                let next = rx.recv().await;
-                let at_end = next.is_none();
-                if let Some(line) = next {
-                    last_line = line.line;
-                    match line.item {
-                        Ok(item) => page.push(item),
-                        Err(msg) => {
-                            bad.push((Item::new(), format!("{}:{}: {msg}", file.key, line.line)))
-                        }
-                    }
-                }
-                if page.len() + bad.len() >= EXPORT_PAGE || (at_end && last_line > lines) {
-                    let to = put(&self.writer, &self.import, &stream);
-                    let (mut counts, mut rejects) = process_page(
-                        to,
-                        &self.ledger,
-                        &self.plan,
-                        std::mem::take(&mut page),
-                        None,
-                    )
-                    .await?;
-                    counts.scanned += bad.len() as u64;
-                    counts.rejected += bad.len() as u64;
-                    rejects.append(&mut bad);
-                    self.live.fetch_add(counts.scanned, Ordering::Relaxed);
-                    lines = last_line;
-                    let done = PageDone {
-                        key: key.clone(),
-                        state: serde_json::to_value(FileState::Lines(lines))?,
-                        counts,
-                        rejects,
-                        last: at_end || self.stop.is_cancelled(),
-                    };
-                    commit_page(&self.ledger, &self.import, &stream, done).await?;
-                    page.clear();
-                    if self.stop.is_cancelled() {
-                        // Checkpointed: the rest of the file is read on resume.
-                        return anyhow::Ok(());
-                    }
-                }
-                if at_end {
-                    return anyhow::Ok(());
-                }
-            }
+        let read = FileRead {
+            from,
+            lines,
+            stop: &self.stop,
         };
-        let (read, consumed) = tokio::join!(reading, consuming);
-        consumed?;
-        if self.stop.is_cancelled() {
-            // The reader saw its receiver go: not an error, the file is not done.
+        let (key, stream) = (&key, &stream);
+        let whole = read_file_pages(reader, file, read, move |p: FilePage| async move {
+            let to = put(&self.writer, &self.import, stream);
+            let (mut counts, mut rejects) =
+                process_page(to, &self.ledger, &self.plan, p.items, None).await?;
+            let mut bad = p.bad;
+            counts.scanned += bad.len() as u64;
+            counts.rejected += bad.len() as u64;
+            rejects.append(&mut bad);
+            self.live.fetch_add(counts.scanned, Ordering::Relaxed);
+            let done = PageDone {
+                key: key.clone(),
+                state: serde_json::to_value(FileState::Lines(p.lines))?,
+                counts,
+                rejects,
+                last: p.last,
+            };
+            commit_page(&self.ledger, &self.import, stream, done).await
+        })
+        .await?;
+        if !whole {
+            // Stopped: checkpointed, the rest of the file is read on resume.
             return Ok(());
         }
-        read?;
         if let Some(sink) = &self.import {
             // The file's last pages are in an object before it is done.
-            sink.flush_stream(&self.ledger, &stream).await?;
+            sink.flush_stream(&self.ledger, stream).await?;
         }
         let l = self.ledger.lock().await;
-        l.store.put(&key, &FileState::Done)?;
+        l.store.put(key, &FileState::Done)?;
         l.store.flush()?;
         Ok(())
     }
+}
+
+/// The S3 client an export at `loc` is read with (None: a local directory).
+pub(super) fn s3_client(clients: &Clients, loc: &ExportLocation) -> Option<S3Client> {
+    matches!(loc, ExportLocation::S3 { .. }).then(|| S3Client {
+        client: clients.s3.clone(),
+        endpoint: clients.endpoints.s3.clone(),
+    })
+}
+
+/// Lines of an export data file per page (per commit) in a worker's file
+/// unit: `--page-size`, else [`EXPORT_PAGE`] (`rekey backfill --from-export`
+/// reads [`EXPORT_PAGE`] lines a page).
+pub(super) fn export_page(page_limit: Option<i32>) -> usize {
+    page_limit.map_or(EXPORT_PAGE, |n| n.max(1) as usize)
+}
+
+/// How [`read_file_pages`] reads a data file.
+pub(super) struct FileRead<'a> {
+    /// Lines already committed: skipped (decompressed, not parsed).
+    pub(super) from: u64,
+    /// Lines per page.
+    pub(super) lines: usize,
+    /// Cancelled: the page in flight is handed on, then the read ends.
+    pub(super) stop: &'a CancellationToken,
+}
+
+/// One page of an export data file.
+pub(super) struct FilePage {
+    pub(super) items: Vec<Item>,
+    /// Lines that are not items, each a reject: (an empty item, `key:line: why`).
+    pub(super) bad: Vec<(Item, String)>,
+    /// Lines of the file through this page: where the file resumes after it.
+    pub(super) lines: u64,
+    /// The file's last lines were read, or a stop.
+    pub(super) last: bool,
+}
+
+/// Reads data file `file` of an export from line `read.from`, in pages of
+/// up to `read.lines` lines, each handed to `on_page` (which commits it)
+/// before the next is made. True once the file is read through and proved
+/// whole (its line count and MD5 checked against the manifest); false on a
+/// stop. Both `rekey backfill --from-export` and a worker's file units read
+/// exports through this: what differs is where `on_page` commits.
+pub(super) async fn read_file_pages<F, Fut>(
+    reader: &ExportReader,
+    file: &DataFile,
+    read: FileRead<'_>,
+    mut on_page: F,
+) -> anyhow::Result<bool>
+where
+    F: FnMut(FilePage) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let FileRead { from, lines, stop } = read;
+    let (tx, rx) = lines_channel(lines * 2);
+    let reading = reader.read_file(file, from, tx);
+    let consuming = async {
+        // Owned here, so that a stop or an error, which ends this block,
+        // drops the receiver: the reader, blocked on a full channel, then
+        // sees it gone and ends too, instead of waiting forever.
+        let mut rx = rx;
+        let mut through = from;
+        let mut page: Vec<Item> = Vec::with_capacity(lines);
+        let mut bad: Vec<(Item, String)> = Vec::new();
+        let mut last_line = from;
+        loop {
+            let next = rx.recv().await;
+            let at_end = next.is_none();
+            if let Some(line) = next {
+                last_line = line.line;
+                match line.item {
+                    Ok(item) => page.push(item),
+                    Err(msg) => {
+                        bad.push((Item::new(), format!("{}:{}: {msg}", file.key, line.line)))
+                    }
+                }
+            }
+            if page.len() + bad.len() >= lines || (at_end && last_line > through) {
+                through = last_line;
+                on_page(FilePage {
+                    items: std::mem::take(&mut page),
+                    bad: std::mem::take(&mut bad),
+                    lines: through,
+                    last: at_end || stop.is_cancelled(),
+                })
+                .await?;
+                if stop.is_cancelled() {
+                    // Checkpointed: the rest of the file is read on resume.
+                    return anyhow::Ok(());
+                }
+            }
+            if at_end {
+                return anyhow::Ok(());
+            }
+        }
+    };
+    let (read, consumed) = tokio::join!(reading, consuming);
+    consumed?;
+    if stop.is_cancelled() {
+        // The reader saw its receiver go: not an error, the file is not done.
+        return Ok(false);
+    }
+    read?;
+    Ok(true)
 }

@@ -202,6 +202,7 @@ mod tests {
     fn unit(owner: Option<&str>, lease: u64, beat: u64) -> Unit {
         Unit {
             n: 3,
+            file: None,
             owner: owner.map(str::to_string),
             lease,
             beat,

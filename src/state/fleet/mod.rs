@@ -7,12 +7,15 @@
 //! than one machine").
 //!
 //! Items, all under `pk = MIG#<id>` (one Query reads a migration):
-//! - `META`: plan fingerprint, segment count (fixed at creation),
+//! - `META`: plan fingerprint, segment count (fixed at creation), the
+//!   export the backfill reads when it reads one ([`export::ExportSource`]),
 //!   `done_ms` once every unit is done ("backfill done"), and `finished_ms`
 //!   once `rekey finish --state` has drained the fleet's tail a last time
 //!   (the `worker --tail` processes stop then);
-//! - `UNIT#<n>`: one Scan segment — owner, lease counter, beat, checkpoint
-//!   (the encoded LastEvaluatedKey), committed page count, counters, done,
+//! - `UNIT#<n>`: one Scan segment, or one data file of the export (its key
+//!   in `file`) — owner, lease counter, beat, checkpoint (the encoded
+//!   LastEvaluatedKey, or the file's lines read), committed page count,
+//!   counters, done,
 //!   and `grants`: the history of its leases, one entry per lease, added by
 //!   the take itself and updated only by that lease's own conditional
 //!   writes (owner, when granted, the page it started from, until when its
@@ -27,6 +30,7 @@
 //!
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`.
 
+pub mod export;
 pub mod held;
 pub mod lease;
 pub mod shard;
@@ -98,6 +102,16 @@ pub enum FleetError {
         stored: String,
         current: String,
     },
+    #[error(
+        "migration `{migration}` reads {stored}, but this worker was started to read {given}; \
+         a worker with another source would mix two sources' items. Start it as the migration's \
+         other workers were, or use another migration id"
+    )]
+    SourceChanged {
+        migration: String,
+        stored: String,
+        given: String,
+    },
     #[error("control table `{table}`: item {what} is malformed: {detail}")]
     Malformed {
         table: String,
@@ -130,6 +144,9 @@ pub enum Checkpoint {
     Beginning,
     /// Resume after this key (the LastEvaluatedKey of the last committed page).
     After(Item),
+    /// An export data file's unit: resume after this many lines (the
+    /// position `rekey backfill --from-export` checkpoints, too).
+    Lines(u64),
     Done,
 }
 
@@ -147,10 +164,12 @@ impl Counters {
     }
 }
 
-/// One unit of work: a Scan segment.
+/// One unit of work: a Scan segment, or an export's data file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Unit {
     pub n: u32,
+    /// The data file this unit reads (its `dataFileS3Key`); None: a Scan segment.
+    pub file: Option<String>,
     pub owner: Option<String>,
     /// Bumped by every take: the fence.
     pub lease: u64,
@@ -175,6 +194,9 @@ pub struct Lease {
 pub struct Meta {
     pub fingerprint: String,
     pub segments: u32,
+    /// The export the backfill reads (its units are the export's data
+    /// files); None: the source table, by Scan.
+    pub export: Option<export::ExportSource>,
     /// Every unit done: the tail may apply (epoch ms of the worker that saw it).
     pub done_ms: Option<i64>,
     /// `rekey finish --state` drained the fleet's tail a last time: its
@@ -367,9 +389,24 @@ impl Fleet {
     }
 
     /// Creates the control table and the migration if need be, refuses a
-    /// different plan, and makes sure every unit item exists. Returns the
-    /// segment count, fixed by whichever worker created the migration.
+    /// different plan, and makes sure every unit item of this handle
+    /// (`0..segments`) exists. Returns the segment count, fixed by whichever
+    /// process created the migration. (The verify's join: it reads the
+    /// source table whatever the backfill read.)
     pub async fn join(&self, plan: &Plan, segments: u32) -> Result<u32, FleetError> {
+        let stored = self.open_migration(plan, segments, None).await?;
+        self.create_units(stored.segments).await?;
+        Ok(stored.segments)
+    }
+
+    /// The migration's record, created with `segments` and `export` unless
+    /// it exists; refused when its plan is not `plan`.
+    pub(crate) async fn open_migration(
+        &self,
+        plan: &Plan,
+        segments: u32,
+        export: Option<&export::ExportSource>,
+    ) -> Result<Meta, FleetError> {
         self.control.ensure().await?;
         let mut meta = Item::new();
         meta.insert(PK.into(), s(&self.pk()));
@@ -378,6 +415,9 @@ impl Fleet {
         meta.insert("segments".into(), n(segments));
         meta.insert("source".into(), s(&plan.source_table));
         meta.insert("target".into(), s(&plan.target_table));
+        if let Some(e) = export {
+            e.write(&mut meta);
+        }
         let first = exprs("", "attribute_not_exists(#pk)", &["pk"], vec![]);
         self.control.put_if(&meta, &first).await?;
         let stored = self
@@ -391,29 +431,37 @@ impl Fleet {
                 current: plan.fingerprint.clone(),
             });
         }
-        self.create_units(stored.segments).await?;
-        Ok(stored.segments)
+        Ok(stored)
     }
 
     /// Makes sure unit items `0..count` exist (under this handle's prefix).
     pub async fn create_units(&self, count: u32) -> Result<(), FleetError> {
-        let first = exprs("", "attribute_not_exists(#pk)", &["pk"], vec![]);
         for u in 0..count {
-            let mut it = Item::new();
-            it.insert(PK.into(), s(&self.pk()));
-            it.insert(SK.into(), s(&self.unit_sk(u)));
-            it.insert("unit".into(), n(u));
-            it.insert("lease".into(), n(0));
-            it.insert("beat".into(), n(0));
-            it.insert("page".into(), n(0));
-            it.insert("checkpoint".into(), s("\"beginning\""));
-            it.insert("done".into(), Value::Bool(false));
-            it.insert("grants".into(), Value::M(Item::new()));
-            for name in Counters::NAMES {
-                it.insert(name.into(), n(0));
-            }
-            self.control.put_if(&it, &first).await?;
+            self.create_unit(u, None).await?;
         }
+        Ok(())
+    }
+
+    /// Makes sure unit `u` exists, reading `file` if given (an export's).
+    pub(crate) async fn create_unit(&self, u: u32, file: Option<&str>) -> Result<(), FleetError> {
+        let first = exprs("", "attribute_not_exists(#pk)", &["pk"], vec![]);
+        let mut it = Item::new();
+        it.insert(PK.into(), s(&self.pk()));
+        it.insert(SK.into(), s(&self.unit_sk(u)));
+        it.insert("unit".into(), n(u));
+        if let Some(f) = file {
+            it.insert("file".into(), s(f));
+        }
+        it.insert("lease".into(), n(0));
+        it.insert("beat".into(), n(0));
+        it.insert("page".into(), n(0));
+        it.insert("checkpoint".into(), s("\"beginning\""));
+        it.insert("done".into(), Value::Bool(false));
+        it.insert("grants".into(), Value::M(Item::new()));
+        for name in Counters::NAMES {
+            it.insert(name.into(), n(0));
+        }
+        self.control.put_if(&it, &first).await?;
         Ok(())
     }
 
@@ -430,6 +478,7 @@ impl Fleet {
                 .ok_or_else(|| self.malformed("META", "no fingerprint"))?
                 .to_string(),
             segments: num(it, "segments") as u32,
+            export: export::ExportSource::read(it),
             done_ms: it.contains_key("done_ms").then(|| inum(it, "done_ms")),
             finished_ms: it
                 .contains_key("finished_ms")
@@ -484,6 +533,7 @@ impl Fleet {
         let c = |x| num(it, x);
         Ok(Unit {
             n: c("unit") as u32,
+            file: text(it, "file").map(str::to_string),
             owner: text(it, "owner").map(str::to_string),
             lease: c("lease"),
             beat: c("beat"),
@@ -914,6 +964,7 @@ mod tests {
         for c in [
             Checkpoint::Beginning,
             Checkpoint::After(k),
+            Checkpoint::Lines(500),
             Checkpoint::Done,
         ] {
             let j = serde_json::to_string(&c).unwrap();

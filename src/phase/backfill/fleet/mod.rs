@@ -1,7 +1,8 @@
 //! `rekey worker`: one of N identical processes sharing one migration's
 //! backfill through a DynamoDB control table ([`crate::state::fleet`]).
 //!
-//! Each worker takes Scan segments ("units") with conditional writes (the
+//! Each worker takes Scan segments ("units"; with `--from-export`, the
+//! export's data files: [`export`]) with conditional writes (the
 //! KCL's lease pattern), renews them on a heartbeat, and reads, transforms,
 //! claims and writes them page by page exactly as `rekey backfill` does —
 //! the same [`Writer`], the same transform — except that a page's target
@@ -17,6 +18,7 @@
 //! The budgets are the table's: each worker takes its share (÷ live
 //! workers), re-read on every heartbeat.
 
+mod export;
 mod tail_mark;
 mod unit;
 
@@ -66,7 +68,11 @@ pub const DEFAULT_FLEET_SEGMENTS: u32 = 32;
 pub struct WorkerReport {
     pub worker: String,
     pub state: String,
+    /// The migration's units: Scan segments, or the export's data files.
     pub segments: u32,
+    /// `--from-export`: the export the units read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<crate::state::fleet::export::ExportSource>,
     /// Units this worker finished.
     pub units_finished: Vec<u32>,
     /// Units this worker handed back to a worker holding fewer (re-balancing).
@@ -199,8 +205,6 @@ fn refuse_unsupported(plan: &Plan, opts: &WorkerOptions) -> anyhow::Result<()> {
     let b = &opts.backfill;
     let what = if plan.mode == Mode::InPlace {
         Some("an in-place plan")
-    } else if b.from_export.is_some() {
-        Some("--from-export")
     } else if b.via_import.is_some() {
         Some("--via-import")
     } else {
@@ -208,7 +212,7 @@ fn refuse_unsupported(plan: &Plan, opts: &WorkerOptions) -> anyhow::Result<()> {
     };
     match what {
         Some(w) => Err(InputError(format!(
-            "rekey worker does not run {w} yet: it re-keys by Scan into an existing target (use rekey backfill)"
+            "rekey worker does not run {w} yet: it re-keys by Scan or from an export into an existing target (use rekey backfill)"
         ))
         .into()),
         None => Ok(()),
@@ -231,17 +235,16 @@ pub async fn run(
         opts.fleet.clone(),
         &opts.worker_id,
     );
-    let asked = opts.backfill.segments.unwrap_or(DEFAULT_FLEET_SEGMENTS);
-    let segments = fleet.join(plan, asked).await?;
-    if opts.backfill.segments.is_some_and(|n| n != segments) {
-        progress.note(&format!(
-            "--segments {asked} ignored: the migration was created with {segments}"
-        ));
-    }
+    let joined = export::join(clients, &fleet, plan, opts, progress).await?;
+    let segments = joined.units;
     progress.note(&format!(
-        "worker {} joined {} ({segments} units)",
+        "worker {} joined {} ({segments} units{})",
         opts.worker_id,
-        opts.fleet.display()
+        opts.fleet.display(),
+        match &joined.export {
+            None => String::new(),
+            Some((e, _)) => format!(": the data files of {}", e.describe()),
+        }
     ));
     let why = why_claim(plan);
     progress.note(&claims_note(why.as_deref()));
@@ -272,8 +275,16 @@ pub async fn run(
         control: control.clone(),
         rejects: Mutex::new(rejects),
         this: Mutex::new(Counters::default()),
-        segments,
-        page_limit: opts.backfill.page_limit,
+        reads: match &joined.export {
+            None => unit::Reads::Scan {
+                segments,
+                page_limit: opts.backfill.page_limit,
+            },
+            Some((_, files)) => unit::Reads::Export {
+                files: files.clone(),
+                lines: export_page(opts.backfill.page_limit),
+            },
+        },
         claims_at_once: opts.backfill.concurrency.max(1),
         claims: why.is_some(),
     });
@@ -313,6 +324,7 @@ pub async fn run(
         worker: opts.worker_id.clone(),
         state: opts.fleet.display(),
         segments,
+        export: joined.export.map(|(e, _)| e),
         units_finished: finished.into_iter().collect(),
         units_handed_back: shared
             .handed_back

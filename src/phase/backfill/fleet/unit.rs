@@ -1,4 +1,5 @@
-//! One unit (Scan segment) under a lease: read from its last committed
+//! One unit (a Scan segment, or an export's data file: `export`) under a
+//! lease: read from its last committed
 //! checkpoint, page by page; each page transformed, its target keys claimed
 //! in the control table (unless the plan is proven collision-free: then
 //! there is nothing to claim), written under the fence, and committed with its
@@ -50,6 +51,12 @@ where
         Checkpoint::Done => return Ok(true),
         Checkpoint::Beginning => SegmentStart::Beginning,
         Checkpoint::After(k) => SegmentStart::After(k.clone()),
+        Checkpoint::Lines(_) => {
+            anyhow::bail!(
+                "unit {}: an export file's checkpoint on a Scan segment",
+                unit.n
+            )
+        }
     };
     let mut starts = vec![SegmentStart::Done; scan.segments as usize];
     starts[scan.segment as usize] = start;
@@ -88,12 +95,36 @@ pub(super) struct UnitDrive {
     pub(super) rejects: Mutex<RejectsFile>,
     /// What this worker committed.
     pub(super) this: Mutex<Counters>,
-    pub(super) segments: u32,
-    pub(super) page_limit: Option<i32>,
+    /// What a unit reads.
+    pub(super) reads: Reads,
     /// Claims in flight at once.
     pub(super) claims_at_once: usize,
     /// Whether target keys are claimed at all ([`super::why_claim`]).
     pub(super) claims: bool,
+}
+
+/// What the units of a worker read.
+pub(super) enum Reads {
+    /// Unit n is segment n of a Scan in `segments`.
+    Scan {
+        segments: u32,
+        page_limit: Option<i32>,
+    },
+    /// Unit n is a data file of the export, read `lines` lines a page.
+    Export {
+        files: Arc<super::export::ExportFiles>,
+        lines: usize,
+    },
+}
+
+/// A page as read, on its way to its commit: its items, the records that
+/// could not be read (each rejected; `bad` holds a rejects line for those
+/// that have one), and where the unit resumes after it.
+pub(super) struct PageRead {
+    pub(super) items: Vec<Item>,
+    pub(super) unreadable: u64,
+    pub(super) bad: Vec<(Item, String)>,
+    pub(super) checkpoint: Checkpoint,
 }
 
 impl Drive for UnitDrive {
@@ -121,11 +152,21 @@ impl UnitDrive {
         l: Lease,
         stop: CancellationToken,
     ) -> anyhow::Result<bool> {
+        let (segments, page_limit) = match &self.reads {
+            Reads::Scan {
+                segments,
+                page_limit,
+            } => (*segments, *page_limit),
+            Reads::Export { files, lines } => {
+                let (files, lines) = (files.clone(), *lines);
+                return self.run_file(&files, lines, unit, l, stop).await;
+            }
+        };
         let scan = UnitScan {
             table: self.plan.source_table.clone(),
-            segments: self.segments,
+            segments,
             segment: unit.n,
-            page_limit: self.page_limit,
+            page_limit,
             control: self.control.clone(),
             stop,
         };
@@ -137,7 +178,7 @@ impl UnitDrive {
         .await
     }
 
-    fn fence(&self, l: Lease) -> anyhow::Result<()> {
+    pub(super) fn fence(&self, l: Lease) -> anyhow::Result<()> {
         if self.shared.may_write(l.unit, l) {
             Ok(())
         } else {
@@ -149,20 +190,36 @@ impl UnitDrive {
         }
     }
 
-    /// One page: process, tag and write its rejects, commit under the lease.
+    /// One page of the Scan: see [`UnitDrive::commit_read`].
     async fn page(&self, l: Lease, mut page: Page, page_no: u64) -> anyhow::Result<()> {
-        self.fence(l)?;
-        let shared = self.shared.clone();
-        let fence = move || shared.may_write(l.unit, l);
-        let (mut counts, rejects) = self
-            .process(std::mem::take(&mut page.items), &fence)
-            .await?;
-        counts.scanned += page.unreadable;
-        counts.rejected += page.unreadable;
         let checkpoint = match &page.next {
             Some(k) => Checkpoint::After(k.clone()),
             None => Checkpoint::Done,
         };
+        let read = PageRead {
+            items: std::mem::take(&mut page.items),
+            unreadable: page.unreadable,
+            bad: Vec::new(),
+            checkpoint,
+        };
+        self.commit_read(l, read, page_no).await
+    }
+
+    /// One page: process, tag and write its rejects, commit under the lease.
+    pub(super) async fn commit_read(
+        &self,
+        l: Lease,
+        read: PageRead,
+        page_no: u64,
+    ) -> anyhow::Result<()> {
+        self.fence(l)?;
+        let shared = self.shared.clone();
+        let fence = move || shared.may_write(l.unit, l);
+        let (mut counts, mut rejects) = self.process(read.items, &fence).await?;
+        counts.scanned += read.unreadable;
+        counts.rejected += read.unreadable;
+        rejects.extend(read.bad);
+        let checkpoint = read.checkpoint;
         // Lines first, durably; a page whose commit never lands is read again
         // and its lines written again, under a later lease (readers keep the
         // committing lease's lines: `state::fleet::committed_lease`).
