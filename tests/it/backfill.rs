@@ -369,6 +369,26 @@ fn export_with_a_bad_line(dir: &std::path::Path, items: &[Item]) -> Item {
     rekey::state::itemfile::parse_line(&text).unwrap()
 }
 
+/// `rekey backfill PLAN --from-export DIR` at 300 WCU/s (argument 8, the
+/// rate, is for the caller to raise for a rerun).
+fn export_backfill_args<'a>(
+    plan: &'a std::path::Path,
+    state: &'a std::path::Path,
+    dir: &'a std::path::Path,
+) -> Vec<&'a str> {
+    vec![
+        "backfill",
+        plan.to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--from-export",
+        dir.to_str().unwrap(),
+        "--json",
+        "--write-rate",
+        "300",
+    ]
+}
+
 /// The source of the test: a source table is still needed (its key schema is
 /// checked, and the tail reads its stream).
 pub(crate) async fn export_setup(env: &TestEnv) -> (String, Plan, std::path::PathBuf) {
@@ -412,17 +432,7 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
     let dir = env.dir.path().join("export");
     let lost = export_with_a_bad_line(&dir, &items);
     let state = env.dir.path().join("state");
-    let args_slow = [
-        "backfill",
-        plan_path.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--from-export",
-        dir.to_str().unwrap(),
-        "--json",
-        "--write-rate",
-        "300",
-    ];
+    let args_slow = export_backfill_args(&plan_path, &state, &dir);
     let mut child = env.spawn(&args_slow);
     wait_for_progress(&state, Duration::from_secs(120)).await;
     assert!(
@@ -478,17 +488,7 @@ async fn sigterm_mid_export_file_stops_rather_than_waiting_on_the_files_reader()
     )
     .unwrap();
     let state = env.dir.path().join("state");
-    let mut args = vec![
-        "backfill",
-        plan_path.to_str().unwrap(),
-        "--state-dir",
-        state.to_str().unwrap(),
-        "--from-export",
-        dir.to_str().unwrap(),
-        "--json",
-        "--write-rate",
-        "300",
-    ];
+    let mut args = export_backfill_args(&plan_path, &state, &dir);
     let mut child = env.spawn(&args);
     wait_for_progress(&state, Duration::from_secs(120)).await;
     // SAFETY: plain syscall on our own child.

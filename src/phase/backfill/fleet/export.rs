@@ -147,20 +147,9 @@ impl UnitDrive {
         if !whole {
             return Ok(false);
         }
-        self.fence(l)?;
         let page = pages.load(Ordering::SeqCst);
-        let cond = self
-            .shared
-            .fleet
-            .commit(l, &Checkpoint::Done, &Counters::default(), page)
+        self.commit_fenced(l, &Checkpoint::Done, &Counters::default(), page)
             .await?;
-        if cond == Cond::Refused {
-            return Err(LeaseLost {
-                unit: l.unit,
-                lease: l.lease,
-            }
-            .into());
-        }
         tracing::info!(unit = l.unit, file = %file.key, "data file done");
         Ok(true)
     }

@@ -205,6 +205,32 @@ impl UnitDrive {
         self.commit_read(l, read, page_no).await
     }
 
+    /// Commits the unit's checkpoint and counters as of `pages` commits,
+    /// under the lease: [`LeaseLost`] if it is gone (checked here first, and
+    /// by the write's condition).
+    pub(super) async fn commit_fenced(
+        &self,
+        l: Lease,
+        checkpoint: &Checkpoint,
+        counts: &Counters,
+        pages: u64,
+    ) -> anyhow::Result<()> {
+        self.fence(l)?;
+        let cond = self
+            .shared
+            .fleet
+            .commit(l, checkpoint, counts, pages)
+            .await?;
+        if cond == Cond::Refused {
+            return Err(LeaseLost {
+                unit: l.unit,
+                lease: l.lease,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// One page: process, tag and write its rejects, commit under the lease.
     pub(super) async fn commit_read(
         &self,
@@ -231,19 +257,8 @@ impl UnitDrive {
             }
             file.flush_len()?;
         }
-        self.fence(l)?;
-        let cond = self
-            .shared
-            .fleet
-            .commit(l, &checkpoint, &counts, page_no + 1)
+        self.commit_fenced(l, &checkpoint, &counts, page_no + 1)
             .await?;
-        if cond == Cond::Refused {
-            return Err(LeaseLost {
-                unit: l.unit,
-                lease: l.lease,
-            }
-            .into());
-        }
         self.this.lock().await.add(&counts);
         tracing::info!(
             unit = l.unit,
