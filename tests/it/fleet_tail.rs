@@ -464,3 +464,76 @@ async fn an_uncommitted_buffer_chunk_left_by_a_failed_holder_is_cleared_by_the_n
         "no chunk left behind"
     );
 }
+
+/// A shard whose last holder let it go longer ago than the stream keeps
+/// records (24 h) may have lost records to the stream's trim: a worker that
+/// finds it stops, saying so, instead of resuming from its checkpoint and
+/// skipping what was trimmed without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_nobody_held_for_longer_than_the_streams_retention_stops_the_worker_saying_why() {
+    let env = TestEnv::start().await;
+    let (_, _, plan_path, _) = status_tables(&env).await;
+    let double = Arc::new(Double {
+        shards: vec![Shard {
+            id: "shard-a",
+            parent: None,
+            closed: false,
+            records: created(100, 1).to_vec(),
+        }],
+        expire_once: Mutex::new(vec![]),
+        trimmed: vec![],
+        calls: Mutex::new(Vec::new()),
+    });
+    let streams = serve(double).await;
+    let (fleet, url, ctl) = control_table(&env, "retention");
+    fleet.control.ensure().await.unwrap();
+    let info = rekey::aws::streams::ShardInfo {
+        id: "shard-a".into(),
+        parent: None,
+        closed: false,
+    };
+    fleet.create_shard(&info).await.unwrap();
+    let unit = snapshot(&fleet).await.shards[0].clone();
+    let lease = fleet
+        .take_shard(&unit, None, std::time::Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("the shard taken");
+    // Its holder let it go 25 hours ago (the release, dated back).
+    let then = chrono::Utc::now().timestamp_millis() - 25 * 3600 * 1000;
+    let n = |v: i64| aws_sdk_dynamodb::types::AttributeValue::N(v.to_string());
+    let s = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.into());
+    env.clients
+        .dynamodb
+        .update_item()
+        .table_name(&ctl)
+        .key("pk", s("MIG#retention"))
+        .key("sk", s("SHARD#shard-a"))
+        .update_expression("REMOVE #o SET #g.#l.#u = :then, #g.#l.#r = :then")
+        .expression_attribute_names("#o", "owner")
+        .expression_attribute_names("#g", "grants")
+        .expression_attribute_names("#l", lease.to_string())
+        .expression_attribute_names("#u", "until_ms")
+        .expression_attribute_names("#r", "released_ms")
+        .expression_attribute_values(":then", n(then))
+        .send()
+        .await
+        .unwrap();
+
+    let a = worker_args(plan_path.to_str().unwrap(), &url, "w1", env.dir.path(), &[]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = env
+        .command(&a, &[("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", &streams)])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "shard shard-a: no worker held it for longer than the stream's 24-hour retention"
+        ),
+        "{err}"
+    );
+    let u = &snapshot(&fleet).await.shards[0];
+    assert_eq!(u.lease, lease, "not taken again: {u:?}");
+}

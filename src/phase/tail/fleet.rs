@@ -30,7 +30,7 @@ use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgemen
 use crate::state::fleet::shard::{
     self as shard_state, CHUNK_LIMIT, Covers, ShardCheckpoint, ShardKey, ShardUnit, Step,
 };
-use crate::state::fleet::{Fleet, TailMark, live_workers, passing};
+use crate::state::fleet::{Fleet, TailMark, live_workers, passing, wall_ms};
 
 /// How a worker tails.
 #[derive(Debug, Clone)]
@@ -243,6 +243,14 @@ async fn turn(
     for (u, beat) in candidates {
         if busy >= want || opts.stop.is_cancelled() {
             break;
+        }
+        if shard_state::unheld_past_retention(u, wall_ms()) {
+            anyhow::bail!(
+                "shard {}: no worker held it for longer than the stream's 24-hour retention, \
+                 so records may have been trimmed unread; a new backfill is needed (a new \
+                 migration id)",
+                u.id
+            );
         }
         let sent = ctx.held.now();
         let fence = ctx.held.duration.mul_f64(FENCE_FRACTION);

@@ -135,6 +135,21 @@ pub struct ShardUnit {
 
 leased!(ShardUnit, String, id, cp.done);
 
+/// How long DynamoDB Streams keeps a record: 24 hours.
+pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
+
+/// Whether records of `u` may have been trimmed from the stream while no
+/// worker held it: not done, taken before, and its last lease ended (as its
+/// holder last renewed it) longer than the stream's retention before
+/// `now_ms`. Resuming from its checkpoint would then skip the trimmed
+/// records without a word, so the fleet stops instead (as one machine's tail
+/// does with a checkpoint that old). The workers' clocks are compared here,
+/// but across 24 hours, not seconds.
+pub fn unheld_past_retention(u: &ShardUnit, now_ms: i64) -> bool {
+    let last_held = u.grants.iter().map(|g| g.until_ms).max();
+    !u.cp.done && last_held.is_some_and(|t| now_ms - t > RETENTION_MS)
+}
+
 /// What the holder of a shard does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -524,6 +539,35 @@ mod tests {
             barriers: BTreeMap::new(),
             rejected: 0,
         }
+    }
+
+    #[test]
+    fn a_shard_nobody_held_for_longer_than_the_streams_retention_may_have_lost_records() {
+        let grant = |until_ms| Grant {
+            unit: 0,
+            lease: 1,
+            owner: "w".into(),
+            granted_ms: 0,
+            from_page: 0,
+            until_ms,
+            released: true,
+        };
+        let now = 10 * RETENTION_MS;
+        let mut u = shard("a", None);
+        assert!(
+            !unheld_past_retention(&u, now),
+            "never taken: nothing read yet"
+        );
+        u.grants = vec![grant(now - RETENTION_MS - 1), grant(now - 2 * RETENTION_MS)];
+        assert!(unheld_past_retention(&u, now), "last held over 24 h ago");
+        u.grants.push(grant(now - RETENTION_MS + 60_000));
+        assert!(!unheld_past_retention(&u, now), "held within 24 h");
+        u.grants = vec![grant(0)];
+        u.cp.done = true;
+        assert!(
+            !unheld_past_retention(&u, now),
+            "done: nothing left to read"
+        );
     }
 
     #[test]
