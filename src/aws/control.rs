@@ -18,7 +18,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    CancellationReason, Put, ReturnConsumedCapacity, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem,
+};
 use serde::Serialize;
 
 use crate::aws::endpoint::{Endpoint, Service, Source};
@@ -38,6 +42,22 @@ pub enum Cond {
     /// The condition did not hold: nothing was written.
     Refused,
 }
+
+/// What a transaction of conditional puts did ([`ControlTable::put_all_if`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Puts {
+    /// Every put was written.
+    Written,
+    /// Nothing was written (a transaction is all or nothing). These puts'
+    /// conditions failed, each with the item that made it fail when
+    /// DynamoDB returned it; every other put may be sent again (it was
+    /// cancelled with the rest, by a conflict with another transaction or
+    /// a throttle, when this list is empty).
+    Cancelled(Vec<(usize, Option<Item>)>),
+}
+
+/// DynamoDB's limit on the actions of one TransactWriteItems.
+pub const PUTS_PER_TRANSACTION: usize = 100;
 
 /// The control table's own endpoint, when it is not where the data is: read
 /// by [`ControlTable::new`] (so by `worker`, `tail --fleet` and `status`).
@@ -64,7 +84,10 @@ pub struct ControlCalls {
     pub put_item: u64,
     pub update_item: u64,
     pub delete_item: u64,
-    /// The five added up.
+    /// Transactions of conditional puts (target-key claims, up to
+    /// [`PUTS_PER_TRANSACTION`] each).
+    pub transact_write_items: u64,
+    /// The six added up.
     pub total: u64,
 }
 
@@ -75,6 +98,7 @@ struct Counters {
     put_item: AtomicU64,
     update_item: AtomicU64,
     delete_item: AtomicU64,
+    transact_write_items: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -134,12 +158,13 @@ impl ControlTable {
     /// The requests sent so far, by every clone of this table.
     pub fn calls(&self) -> ControlCalls {
         let c = &self.calls;
-        let (get_item, query, put_item, update_item, delete_item) = (
+        let (get_item, query, put_item, update_item, delete_item, transact_write_items) = (
             c.get_item.load(Ordering::Relaxed),
             c.query.load(Ordering::Relaxed),
             c.put_item.load(Ordering::Relaxed),
             c.update_item.load(Ordering::Relaxed),
             c.delete_item.load(Ordering::Relaxed),
+            c.transact_write_items.load(Ordering::Relaxed),
         );
         ControlCalls {
             get_item,
@@ -147,7 +172,8 @@ impl ControlTable {
             put_item,
             update_item,
             delete_item,
-            total: get_item + query + put_item + update_item + delete_item,
+            transact_write_items,
+            total: get_item + query + put_item + update_item + delete_item + transact_write_items,
         }
     }
 
@@ -268,6 +294,46 @@ impl ControlTable {
         }
     }
 
+    /// TransactWriteItems of conditional puts (at most
+    /// [`PUTS_PER_TRANSACTION`], no two on one key): one request for what
+    /// would otherwise be one PutItem each. A refused put's current item
+    /// comes back with the cancellation (ALL_OLD), so the caller learns who
+    /// holds it without a read.
+    pub async fn put_all_if(&self, puts: &[(Item, Expressions)]) -> Result<Puts, AwsError> {
+        let mut req = self.clients.dynamodb.transact_write_items();
+        for (item, e) in puts {
+            let put = Put::builder()
+                .table_name(&self.table)
+                .set_item(Some(to_sdk_item(item)))
+                .condition_expression(&e.condition)
+                .set_expression_attribute_names(
+                    (!e.names.is_empty()).then(|| e.names.clone().into_iter().collect()),
+                )
+                .set_expression_attribute_values((!e.values.is_empty()).then(|| {
+                    e.values
+                        .iter()
+                        .map(|(k, v)| (k.clone(), to_sdk(v)))
+                        .collect()
+                }))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build()
+                .expect("a Put with its table and item set builds");
+            req = req.transact_items(TransactWriteItem::builder().put(put).build());
+        }
+        bump(&self.calls.transact_write_items);
+        match req.send().await {
+            Ok(_) => Ok(Puts::Written),
+            Err(err) => match err.as_service_error() {
+                Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
+                    Ok(Puts::Cancelled(refused_puts(c.cancellation_reasons())))
+                }
+                _ => Err(self.clients.error("TransactWriteItems", &self.table, err)),
+            },
+        }
+    }
+
     /// DeleteItem of `pk`/`sk` (a fleet tail's applied buffer chunk).
     pub async fn delete(&self, pk: &str, sk: &str) -> Result<(), AwsError> {
         bump(&self.calls.delete_item);
@@ -284,6 +350,16 @@ impl ControlTable {
             },
         )
     }
+}
+
+/// The puts of a cancelled transaction whose own condition failed.
+fn refused_puts(reasons: &[CancellationReason]) -> Vec<(usize, Option<Item>)> {
+    reasons
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.code() == Some("ConditionalCheckFailed"))
+        .map(|(i, r)| (i, r.item().cloned().and_then(from_sdk_item)))
+        .collect()
 }
 
 #[cfg(test)]

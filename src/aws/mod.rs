@@ -368,7 +368,8 @@ throttle_reasons!(
     aws_sdk_dynamodb::operation::delete_item::DeleteItemError,
     aws_sdk_dynamodb::operation::batch_get_item::BatchGetItemError,
     aws_sdk_dynamodb::operation::get_item::GetItemError,
-    aws_sdk_dynamodb::operation::query::QueryError
+    aws_sdk_dynamodb::operation::query::QueryError,
+    aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError
 );
 
 macro_rules! no_throttle_reasons {

@@ -28,8 +28,10 @@
 //!   verify re-check ([`Fleet::applied_through`]) instead of the tail's local
 //!   `status.json`.
 //!
-//! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`.
+//! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`
+//! ([`claims`]).
 
+pub mod claims;
 pub mod export;
 pub mod held;
 pub mod lease;
@@ -38,7 +40,6 @@ pub mod verify;
 
 use std::collections::BTreeMap;
 
-use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 
 use crate::aws::AwsError;
@@ -829,31 +830,6 @@ impl Fleet {
             updated_ms: inum(&it, "updated_ms"),
             stopped: matches!(it.get("stopped"), Some(Value::Bool(true))),
         }))
-    }
-
-    /// Claims target key `tk` for source key `src` (both encoded): None if
-    /// it is `src`'s (now or already), else the source key that holds it.
-    pub async fn claim(&self, tk: &[u8], src: &[u8]) -> Result<Option<Vec<u8>>, FleetError> {
-        let pk = format!("CLAIM#{}#{}", self.at.migration, hex(&Md5::digest(tk)));
-        let mut it = Item::new();
-        it.insert(PK.into(), s(&pk));
-        it.insert(SK.into(), s("CLAIM"));
-        it.insert("src".into(), Value::B(src.to_vec()));
-        it.insert("tk".into(), Value::B(tk.to_vec()));
-        let e = exprs(
-            "",
-            "attribute_not_exists(#pk) OR #src = :src",
-            &["pk", "src"],
-            vec![(":src", Value::B(src.to_vec()))],
-        );
-        if self.control.put_if(&it, &e).await? == Cond::Written {
-            return Ok(None);
-        }
-        let held = self.control.get(&pk, "CLAIM").await?;
-        match held.as_ref().and_then(|h| h.get("src")) {
-            Some(Value::B(other)) => Ok(Some(other.clone())),
-            _ => Err(self.malformed(&pk, "a refused claim has no source")),
-        }
     }
 }
 

@@ -7,7 +7,6 @@
 
 use super::*;
 use crate::state::fleet::Checkpoint;
-use futures::TryStreamExt as _;
 
 /// The lease on a unit is gone (its commit was refused, or the fence
 /// closed): the unit stops at once, and another worker goes on from its
@@ -293,14 +292,6 @@ impl UnitDrive {
     /// Claims each target key in the control table, before the write as
     /// the local claim index does: who holds each (None: this item).
     async fn claim(&self, keys: &[Claim]) -> Result<Owners, FleetError> {
-        let shared = self.shared.clone();
-        stream::iter(keys.to_vec())
-            .map(move |(tk, sk)| {
-                let shared = shared.clone();
-                async move { shared.fleet.claim(&tk, &sk).await }
-            })
-            .buffered(self.claims_at_once)
-            .try_collect()
-            .await
+        self.shared.fleet.claim_all(keys, self.claims_at_once).await
     }
 }
