@@ -185,6 +185,20 @@ fn names(rules: &[String]) -> String {
         .join(", ")
 }
 
+/// Whether `lost` is an attribute the rule drops or removes that none of its
+/// key templates reads: the key read back without it is still the key (a
+/// key part computed from it could not be recomputed, and might then look
+/// like a wrong one).
+pub fn removed_off_key(rule: &crate::core::plan::Rule, lost: &Irreversible) -> bool {
+    let Irreversible::Removed { attr, .. } = lost else {
+        return false;
+    };
+    !rule
+        .key
+        .iter()
+        .any(|(_, t)| t.attributes().iter().any(|(a, _)| a == attr))
+}
+
 /// The source item `target` came from under `plan`. Compiles the plan's rules
 /// for one call; [`Inverter`] compiles them once for many.
 pub fn inverse(plan: &Plan, target: &Item) -> InverseOutcome {
@@ -252,8 +266,9 @@ impl<'p> Inverter<'p> {
     }
 
     /// An inverse that reads back only the source item's key (a fleet
-    /// verify's orphan check): a rule that drops or removes attributes loses
-    /// part of each item but not its key, so it is read too (one that
+    /// verify's orphan check): a rule that drops or removes attributes its
+    /// key does not read loses part of each item but not its key, so it is
+    /// read too (one that
     /// overwrites an attribute it reads is not: what it computed from the
     /// source's value cannot be recomputed from the target's). The item
     /// returned then lacks what the rule took away, but it is still checked
@@ -446,7 +461,7 @@ impl<'p> Inverter<'p> {
         let lost: Vec<Irreversible> = r
             .lost
             .iter()
-            .filter(|l| !(self.keys_only && matches!(l, Irreversible::Removed { .. })))
+            .filter(|l| !(self.keys_only && removed_off_key(r.rule, l)))
             .cloned()
             .collect();
         if !lost.is_empty() {

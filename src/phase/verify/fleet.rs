@@ -242,13 +242,15 @@ fn refuse_unsupported(plan: &Plan, opts: &VerifyOptions) -> anyhow::Result<()> {
 /// plan's inverse ([`Inverter::keys`]), so every rule's target key must hold
 /// the whole source key, one way only (no variable parts side by side, no
 /// two rules' target keys meeting), and no rule may overwrite an attribute
-/// it reads; attributes a rule drops do not matter. Else only one machine's index of expected keys can tell.
+/// it reads; attributes a rule drops do not matter unless its key reads
+/// them. Else only one machine's index of expected keys can tell.
 pub(super) fn unreadable_key(plan: &Plan) -> Option<String> {
-    use crate::core::inverse::{Irreversible, reversibility};
+    use crate::core::inverse::{Irreversible, removed_off_key, reversibility};
     if plan.source_key_prefix.is_some() {
         return None;
     }
     let lost = reversibility(plan).into_iter().find_map(|r| {
+        let rule = plan.rules.iter().find(|x| x.name == r.rule)?;
         let why: Vec<String> = r
             .reasons
             .iter()
@@ -261,7 +263,7 @@ pub(super) fn unreadable_key(plan: &Plan) -> Option<String> {
                         | Irreversible::Overwritten { .. }
                         | Irreversible::Adjacent { .. }
                         | Irreversible::Overlap { .. }
-                )
+                ) || (matches!(x, Irreversible::Removed { .. }) && !removed_off_key(rule, x))
             })
             .map(ToString::to_string)
             .collect();

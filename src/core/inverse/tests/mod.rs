@@ -575,6 +575,24 @@ fn the_keys_inverter_reads_the_source_key_through_a_drop_but_not_through_a_lost_
         }
         other => panic!("{other:?}"),
     }
+    // A shard computed from an attribute the plan drops: not read back.
+    let computed = plan_with(
+        "drop = [\"region\"]",
+        r#"[[rule]]
+name = "by_region"
+match = { PK = "TENANT#{tenant}#DAY#{day}", SK = "ORDER#{order_id}" }
+key = { PK = "TENANT#{tenant}#DAY#{day}#R#{shard(@region,4)}", SK = "ORDER#{order_id}" }"#,
+    );
+    let mut source = order();
+    source.insert("region".into(), Value::S("eu".into()));
+    let target = put(&computed, &source);
+    assert!(matches!(
+        Inverter::keys(&computed).invert(&target),
+        InverseOutcome::Reject(InverseReject {
+            reason: InverseReason::Irreversible(_),
+            ..
+        })
+    ));
     // A target key without the source's day: no key to read back, either way.
     let lost = plan_with(
         "",
