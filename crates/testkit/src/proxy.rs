@@ -560,8 +560,19 @@ impl Shared {
         // Only changes when a batch was cut down.
         req.headers_mut()
             .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
-        // An unanswered request stays unanswered: the client sees a dropped connection.
-        self.client.request(req).await.map_err(|_| Reset)
+        // An unanswered request stays unanswered: the client sees a dropped
+        // connection. Said on stderr (a test's captured output), as the
+        // client cannot tell why.
+        self.client.request(req).await.map_err(|e| {
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            eprintln!("proxy: {path} to {} failed: {why}", self.upstream);
+            Reset
+        })
     }
 }
 
