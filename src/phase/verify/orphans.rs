@@ -337,17 +337,26 @@ async fn owners_of(
     owners: &mut [Option<Owners>],
 ) -> anyhow::Result<()> {
     let tn = ctx.tgt_names();
-    for (n, k) in tkeys.iter().enumerate() {
-        let Some(t) = encode_key(k, &tn).and_then(|tk| targets.get(&tk)) else {
-            continue;
-        };
-        owners[n] = if ctx.names_sources() {
-            match ctx.named_sources(&[t]).pop() {
-                Some(Named::Source(k)) => Some(Ok(vec![k])),
-                Some(Named::Unreadable(why)) => Some(Err(why)),
-                Some(Named::Nothing) | None => Some(Ok(Vec::new())),
-            }
-        } else if watcher.is_some() {
+    let present: Vec<(usize, &Item)> = tkeys
+        .iter()
+        .enumerate()
+        .filter_map(|(n, k)| Some((n, targets.get(&encode_key(k, &tn)?)?)))
+        .collect();
+    if ctx.names_sources() {
+        // The items name their sources: read back all at once (one inverse).
+        let items: Vec<&Item> = present.iter().map(|(_, t)| *t).collect();
+        for ((n, _), named) in present.iter().zip(ctx.named_sources(&items)) {
+            owners[*n] = Some(match named {
+                Named::Source(k) => Ok(vec![k]),
+                Named::Unreadable(why) => Err(why),
+                Named::Nothing => Ok(Vec::new()),
+            });
+        }
+        return Ok(());
+    }
+    for (n, _) in present {
+        let k = &tkeys[n];
+        owners[n] = if watcher.is_some() {
             let tk = encode_key(k, &tn).unwrap_or_default();
             let l = ctx.ledger.lock().await;
             Some(Ok(l

@@ -127,6 +127,16 @@ impl Double {
     }
 }
 
+/// The action a request names: `GetRecords` of `…_20120810.GetRecords`.
+fn action(headers: &hyper::HeaderMap) -> String {
+    headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.rsplit('.').next())
+        .unwrap_or("")
+        .to_string()
+}
+
 pub async fn serve(double: Arc<Double>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -141,15 +151,7 @@ pub async fn serve(double: Arc<Double>) -> String {
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let double = double.clone();
                         async move {
-                            let target = req
-                                .headers()
-                                .get("x-amz-target")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .rsplit('.')
-                                .next()
-                                .unwrap_or("")
-                                .to_string();
+                            let target = action(req.headers());
                             let body = req.into_body().collect().await?.to_bytes();
                             let json: Json = serde_json::from_slice(&body).unwrap_or(Json::Null);
                             let (status, out) = double.answer(&target, &json);
@@ -212,15 +214,7 @@ pub async fn serve_beside(extra: Arc<Double>, upstream: String) -> String {
                         async move {
                             let (parts, body) = req.into_parts();
                             let body = body.collect().await?.to_bytes();
-                            let target = parts
-                                .headers
-                                .get("x-amz-target")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .rsplit('.')
-                                .next()
-                                .unwrap_or("")
-                                .to_string();
+                            let target = action(&parts.headers);
                             let json: Json = serde_json::from_slice(&body).unwrap_or(Json::Null);
                             let ours = |id: &str| extra.shards.iter().any(|s| s.id == id);
                             let local = match target.as_str() {
