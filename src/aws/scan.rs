@@ -109,6 +109,9 @@ pub enum SegmentStart {
 #[derive(Debug)]
 pub struct Page {
     pub segment: u32,
+    /// Where this page was read from (None: the segment's beginning): a
+    /// stop in the middle of the page resumes there.
+    pub from: Option<StartKey>,
     pub items: Vec<Item>,
     /// Items whose attribute types this SDK does not know: counted, never dropped silently.
     pub unreadable: u64,
@@ -140,11 +143,12 @@ where
             .get(segment as usize)
             .cloned()
             .unwrap_or(SegmentStart::Beginning);
-        let mut next = match start {
+        let mut from = match start {
             SegmentStart::Done => continue,
             SegmentStart::Beginning => None,
-            SegmentStart::After(k) => Some(to_sdk_item(&k)),
+            SegmentStart::After(k) => Some(k),
         };
+        let mut next = from.as_ref().map(to_sdk_item);
         let (clients, opts, control, on_page) = (
             clients.clone(),
             opts.clone(),
@@ -196,8 +200,10 @@ where
                     &opts.table,
                 )?;
                 next = page.next.as_ref().map(to_sdk_item);
+                let read_from = std::mem::replace(&mut from, page.next.clone());
                 on_page(Page {
                     segment,
+                    from: read_from,
                     items: page.items,
                     unreadable: page.unreadable,
                     next: page.next,

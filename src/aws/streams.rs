@@ -65,67 +65,86 @@ pub fn depth(shards: &[ShardInfo], id: &str) -> usize {
     d
 }
 
-/// How long after a write its record is assumed readable from the stream: a
-/// read that finds a shard empty at `t` is taken to cover writes before
-/// `t - STREAM_DELAY_SECONDS`. (DynamoDB Streams publishes in well under a
-/// second; the drain barrier does not rely on this.)
-const STREAM_DELAY_SECONDS: f64 = 1.0;
+/// Clocks may disagree by this much: a record's creation time (DynamoDB's
+/// clock, whole seconds) is compared with the start of a barrier or a read
+/// (this machine's). A record proves its shard read through its creation time
+/// less this margin.
+pub const CLOCK_MARGIN_SECONDS: f64 = 1.0;
+
+/// What a record proves of its shard once read (and applied): every write
+/// the shard holds from before this instant came before it. A barrier's
+/// marker proves its barrier's start (it was written after); any record, its
+/// creation time less the clock margin. An empty page proves nothing: on
+/// DynamoDB an open shard may answer empty while records sit further on.
+pub fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
+    let by_time = created_at - CLOCK_MARGIN_SECONDS;
+    marker_started_at.map_or(by_time, |s| s.max(by_time))
+}
 
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
 #[derive(Debug, Clone, Default)]
 pub struct ShardProgress {
-    /// Creation time of the newest record applied (or buffered).
+    /// The newest [`evidence`] among the records read (applied or buffered).
     pub record_at: Option<f64>,
-    /// Start of the last read that found nothing new: the shard was drained then.
-    pub empty_read_at: Option<f64>,
 }
 
-/// What the tail knew of the stream's shards when it last described it.
-pub struct Lineage<'a> {
-    /// Shards being read: not finished, parents finished.
-    pub open: &'a [&'a str],
-    /// Listed shards not read yet because a parent is still open. Their
-    /// records can be older than an open shard's drained time (a child opens
-    /// when its parent closes), so while any waits nothing is claimed.
-    pub waiting: usize,
-    /// When the describe started: a shard created later is not in the list,
-    /// so no claim may reach past it.
-    pub described_at: f64,
+/// One shard as [`through`] judges it.
+#[derive(Debug, Clone)]
+pub struct ShardThrough<'a> {
+    pub id: &'a str,
+    pub parent: Option<&'a str>,
+    /// The newest [`evidence`] read from it.
+    pub record_at: Option<f64>,
 }
 
-/// Lag and `applied_through` from the per-shard progress: the pure half of
-/// what the tail publishes. Lag is over the open shards only (a waiting
-/// shard's lag shows in its parent's).
-pub fn lag_and_through(
-    lineage: &Lineage,
-    progress: &HashMap<String, ShardProgress>,
-    now: f64,
-) -> (Option<f64>, f64) {
-    let mut lag: Option<f64> = None;
-    let mut through = if lineage.waiting > 0 {
-        f64::NEG_INFINITY
-    } else {
-        (now - STREAM_DELAY_SECONDS).min(lineage.described_at)
-    };
-    for id in lineage.open {
-        let p = progress.get(*id).cloned().unwrap_or_default();
-        let drained_at = p.empty_read_at.map(|t| t - STREAM_DELAY_SECONDS);
-        let shard_through = match (p.record_at, drained_at) {
-            (Some(r), Some(d)) => r.max(d),
-            (Some(r), None) => r,
-            (None, Some(d)) => d,
-            (None, None) => f64::NEG_INFINITY,
-        };
-        through = through.min(shard_through);
-        let shard_lag = match (p.empty_read_at, p.record_at) {
-            (Some(e), Some(r)) if e >= r => 0.0,
-            (Some(_), None) => 0.0,
-            (_, Some(r)) => (now - r).max(0.0),
-            (None, None) => f64::INFINITY,
-        };
-        lag = Some(lag.map_or(shard_lag, |l: f64| l.max(shard_lag)));
+/// Each listed shard's own claim: its newest evidence, or its parent's —
+/// a child holds only writes made after its parent closed, so after every
+/// record the parent delivered.
+fn claims(shards: &[ShardThrough]) -> HashMap<String, Option<f64>> {
+    let by_id: HashMap<&str, &ShardThrough> = shards.iter().map(|s| (s.id, s)).collect();
+    let mut out = HashMap::new();
+    for s in shards {
+        let mut best = s.record_at;
+        let mut cur = s.parent;
+        let mut hops = 0;
+        while let Some(p) = cur.and_then(|p| by_id.get(p)) {
+            best = match (best, p.record_at) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            cur = p.parent;
+            hops += 1;
+            if hops > 10_000 {
+                break;
+            }
+        }
+        out.insert(s.id.to_string(), best);
     }
-    (lag.filter(|l| l.is_finite()), through)
+    out
+}
+
+/// The instant before which every write in the stream has been read: the
+/// least claim over the leaf shards (listed shards no listed shard names as
+/// parent). A shard created after the listing is a child of a listed one,
+/// whose claim covers it. None while any leaf has no claim.
+pub fn through(shards: &[ShardThrough]) -> Option<f64> {
+    let parents: HashSet<&str> = shards.iter().filter_map(|s| s.parent).collect();
+    let claims = claims(shards);
+    let mut least: Option<f64> = None;
+    for s in shards.iter().filter(|s| !parents.contains(s.id)) {
+        let c = claims.get(s.id).copied().flatten()?;
+        least = Some(least.map_or(c, |l: f64| l.min(c)));
+    }
+    least
+}
+
+/// Lag (seconds behind `now`) of the whole stream and of each shard.
+pub fn lags(shards: &[ShardThrough], now: f64) -> (Option<f64>, HashMap<String, Option<f64>>) {
+    let per = claims(shards)
+        .into_iter()
+        .map(|(id, c)| (id, c.map(|c| (now - c).max(0.0))))
+        .collect();
+    (through(shards).map(|t| (now - t).max(0.0)), per)
 }
 
 pub fn now_secs() -> f64 {
@@ -368,40 +387,8 @@ fn streams_item(
         .collect()
 }
 
-/// Shard progress and lineage as tests write them (here and in the tail's).
-#[cfg(test)]
-pub(crate) mod fixtures {
-    use super::*;
-
-    pub(crate) fn progress(
-        entries: &[(&str, Option<f64>, Option<f64>)],
-    ) -> HashMap<String, ShardProgress> {
-        entries
-            .iter()
-            .map(|(id, record_at, empty_read_at)| {
-                (
-                    id.to_string(),
-                    ShardProgress {
-                        record_at: *record_at,
-                        empty_read_at: *empty_read_at,
-                    },
-                )
-            })
-            .collect()
-    }
-
-    pub(crate) fn lineage<'a>(open: &'a [&'a str]) -> Lineage<'a> {
-        Lineage {
-            open,
-            waiting: 0,
-            described_at: 1000.0,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::fixtures::*;
     use super::*;
 
     #[test]
@@ -424,41 +411,54 @@ mod tests {
         assert_eq!(depth(&shards, "b"), 1);
     }
 
-    #[test]
-    fn applied_through_is_held_back_by_the_slowest_shard() {
-        // a: drained at 100; b: busy, last applied record from 90.
-        let p = progress(&[("a", Some(95.0), Some(100.0)), ("b", Some(90.0), None)]);
-        let (lag, through) = lag_and_through(&lineage(&["a", "b"]), &p, 101.0);
-        assert_eq!(through, 90.0);
-        assert_eq!(lag, Some(11.0), "b's last record is 11 s old");
-        // Only a: drained, so through is its read time less the stream delay.
-        let (lag, through) = lag_and_through(&lineage(&["a"]), &p, 101.0);
-        assert_eq!((lag, through), (Some(0.0), 100.0 - STREAM_DELAY_SECONDS));
-        // A shard never read holds everything back, and its lag is unknown.
-        let (lag, through) = lag_and_through(&lineage(&["a", "new"]), &p, 101.0);
-        assert_eq!((lag, through), (None, f64::NEG_INFINITY));
+    fn shard<'a>(id: &'a str, parent: Option<&'a str>, at: Option<f64>) -> ShardThrough<'a> {
+        ShardThrough {
+            id,
+            parent,
+            record_at: at,
+        }
     }
 
-    /// Regression: a drained parent let the tail claim "applied through" its
-    /// read time while a child shard, not read yet, held older records.
     #[test]
-    fn applied_through_claims_nothing_while_a_child_shard_waits_or_past_the_describe() {
-        let p = progress(&[("parent", Some(95.0), Some(100.0))]);
-        let waiting = Lineage {
-            open: &["parent"],
-            waiting: 1,
-            described_at: 1000.0,
-        };
-        let (lag, through) = lag_and_through(&waiting, &p, 101.0);
-        assert_eq!(through, f64::NEG_INFINITY);
-        assert_eq!(lag, Some(0.0), "lag is the open shards' alone");
-        // A shard created after the describe is unknown: no claim past it.
-        let stale = Lineage {
-            open: &["parent"],
-            waiting: 0,
-            described_at: 97.0,
-        };
-        assert_eq!(lag_and_through(&stale, &p, 101.0).1, 97.0);
+    fn through_is_held_back_by_the_slowest_leaf_and_an_empty_shard_claims_nothing() {
+        let s = [shard("a", None, Some(95.0)), shard("b", None, Some(90.0))];
+        assert_eq!(through(&s), Some(90.0));
+        let (lag, per) = lags(&s, 101.0);
+        assert_eq!(lag, Some(11.0));
+        assert_eq!(per["a"], Some(6.0));
+        // A shard that only ever answered empty pages claims nothing.
+        let s = [shard("a", None, Some(95.0)), shard("quiet", None, None)];
+        assert_eq!(through(&s), None);
+    }
+
+    /// Regression (issue 25): an empty page used to prove its shard read to
+    /// "now"; on DynamoDB an open shard answers empty while records sit
+    /// further on. Only records prove anything, and a child inherits its
+    /// parent's proof, not more.
+    #[test]
+    fn a_child_claims_its_parents_proof_until_it_delivers_its_own() {
+        let s = [
+            shard("p", None, Some(95.0)),
+            shard("c1", Some("p"), None),
+            shard("c2", Some("p"), Some(99.0)),
+        ];
+        assert_eq!(
+            through(&s),
+            Some(95.0),
+            "c1 holds only writes after p closed"
+        );
+        let s = [shard("p", None, None), shard("c", Some("p"), None)];
+        assert_eq!(through(&s), None);
+        // A parent trimmed away: the child stands alone.
+        let s = [shard("c", Some("gone"), Some(50.0))];
+        assert_eq!(through(&s), Some(50.0));
+    }
+
+    #[test]
+    fn a_marker_proves_its_barriers_start_a_record_its_time_less_the_margin() {
+        assert_eq!(evidence(100.0, None), 100.0 - CLOCK_MARGIN_SECONDS);
+        assert_eq!(evidence(100.0, Some(100.4)), 100.4);
+        assert_eq!(evidence(100.0, Some(50.0)), 100.0 - CLOCK_MARGIN_SECONDS);
     }
 
     #[test]

@@ -955,7 +955,8 @@ mod tests {
         use crate::state::fleet::shard::ShardCheckpoint;
         let unit = |id: &str, owner: Option<&str>, cp: ShardCheckpoint| ShardUnit {
             id: id.into(),
-            parent: None,
+            // "old" is done, the parent of a: a child of a done shard.
+            parent: (id == "a").then(|| "old".to_string()),
             owner: owner.map(str::to_string),
             lease: 1,
             beat: 0,

@@ -14,6 +14,7 @@ pub mod cutover;
 pub mod error;
 pub mod inplace;
 pub mod lifecycle;
+pub mod markers;
 pub mod progress;
 pub mod query;
 pub mod suggest;

@@ -11,18 +11,19 @@
 //!
 //! The watch starts at LATEST on the open shards and reads shards created later
 //! from their trim horizon; order between shards does not matter for a set of
-//! keys. `through()` follows the tail's rule (a read at `t` that found the shard
-//! drained covers writes before `t - 1 s`; nothing past the last describe),
-//! where a read that returned less than a full page (by count and by size)
-//! counts as drained: under a steady write load no read is ever empty. A watch cannot resume after a
-//! restart — LATEST is gone — so the pass that depends on it is redone.
+//! keys. `through()` follows the tail's rule: only records prove a shard read
+//! past an instant (an empty page proves nothing on DynamoDB), so a caller
+//! waiting on it writes probe markers (crate::phase::barrier) for quiet
+//! shards to show. A watch cannot resume after a restart — LATEST is gone —
+//! so the pass that depends on it is redone.
 
 use std::collections::HashMap;
 
 use crate::aws::Clients;
 use crate::aws::streams::{
-    self, Lineage, ReadError, ShardProgress, Start, describe_shards, lag_and_through, now_secs,
+    self, ReadError, ShardProgress, ShardThrough, Start, describe_shards, now_secs,
 };
+use crate::core::marker::marker_in;
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
@@ -41,6 +42,7 @@ struct ShardWatch {
     /// The last record read: where a new iterator resumes.
     seq: Option<String>,
     finished: bool,
+    parent: Option<String>,
     progress: ShardProgress,
 }
 
@@ -74,6 +76,7 @@ impl Watch {
             // A shard closed now holds only writes from before the watch.
             let mut w = ShardWatch {
                 finished: s.closed,
+                parent: s.parent.clone(),
                 ..Default::default()
             };
             if !s.closed {
@@ -99,7 +102,10 @@ impl Watch {
         if described_at - self.described_at >= DESCRIBE_EVERY_SECONDS {
             for s in describe_shards(&self.clients, &self.stream).await? {
                 // Created after the watch started: every record in it is in the window.
-                self.shards.entry(s.id).or_default();
+                self.shards.entry(s.id).or_insert_with(|| ShardWatch {
+                    parent: s.parent,
+                    ..Default::default()
+                });
             }
             self.described_at = described_at;
         }
@@ -121,7 +127,6 @@ impl Watch {
                     streams::shard_iterator(&self.clients, &self.stream, &id, start).await?
                 }
             };
-            let read_at = now_secs();
             let page = match streams::get_records(&self.clients, &self.stream, &it).await {
                 Ok(p) => p,
                 // An expired iterator is re-made from the last record read;
@@ -135,6 +140,12 @@ impl Watch {
             for r in page.records {
                 w.seq = Some(r.seq);
                 if let Some(at) = r.created_at {
+                    let started = [&r.new, &r.old]
+                        .into_iter()
+                        .flatten()
+                        .find_map(|i| marker_in(&self.plan.source_key, i))
+                        .and_then(|m| m.started_at);
+                    let at = streams::evidence(at, started);
                     w.progress.record_at = Some(w.progress.record_at.map_or(at, |p| p.max(at)));
                 }
                 let Some(keys) = r.keys else { continue };
@@ -154,9 +165,6 @@ impl Watch {
                     target_key,
                 });
             }
-            if page.drained {
-                w.progress.empty_read_at = Some(read_at);
-            }
             match page.next {
                 Some(next) => w.iterator = Some(next),
                 None => w.finished = true,
@@ -166,25 +174,24 @@ impl Watch {
     }
 
     /// Every write created before this instant (seconds since the epoch) has
-    /// been read.
-    pub fn through(&self) -> f64 {
-        let open: Vec<&str> = self
+    /// been read: the least proof over the leaf shards (an empty page proves
+    /// nothing; [`streams::through`]). None until every leaf has shown a record.
+    pub fn through(&self) -> Option<f64> {
+        let view: Vec<ShardThrough> = self
             .shards
             .iter()
-            .filter(|(_, w)| !w.finished)
-            .map(|(id, _)| id.as_str())
+            .map(|(id, w)| ShardThrough {
+                id,
+                parent: w.parent.as_deref(),
+                record_at: w.progress.record_at,
+            })
             .collect();
-        let progress: HashMap<String, ShardProgress> = self
-            .shards
-            .iter()
-            .map(|(id, w)| (id.clone(), w.progress.clone()))
-            .collect();
-        let lineage = Lineage {
-            open: &open,
-            waiting: 0,
-            described_at: self.described_at,
-        };
-        lag_and_through(&lineage, &progress, now_secs()).1
+        streams::through(&view)
+    }
+
+    /// Shards not read to their end: a probe's round is sized by them.
+    pub fn open_shards(&self) -> usize {
+        self.shards.values().filter(|w| !w.finished).count()
     }
 }
 

@@ -55,6 +55,11 @@ impl StateDir {
         self.0.join("reverse")
     }
 
+    /// Marker rounds in flight (crate::state::markers).
+    pub fn markers(&self) -> crate::state::markers::Ledger {
+        crate::state::markers::Ledger::new(self.0.join("markers"))
+    }
+
     pub fn verify_store(&self) -> PathBuf {
         self.0.join("verify")
     }

@@ -16,6 +16,7 @@ pub mod dir;
 pub mod echoes;
 pub mod fleet;
 pub mod itemfile;
+pub mod markers;
 pub mod rejects;
 pub mod snapshot;
 pub mod spill;

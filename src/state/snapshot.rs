@@ -44,7 +44,11 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
 /// Whether a process with this id is alive (on this machine).
 pub fn alive(pid: u32) -> bool {
     // Signal 0 checks existence and permission without delivering anything.
-    pid != 0 && unsafe { libc::kill(pid as libc::pid_t, 0) } == 0
+    // Past i32::MAX the cast would go negative: a process group, or all of them.
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    pid > 0 && unsafe { libc::kill(pid, 0) } == 0
 }
 
 /// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
@@ -220,10 +224,26 @@ impl std::fmt::Display for ShardPhase {
 /// A barrier as the tail publishes it.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct BarrierState {
-    /// When the tail applied the marker (epoch seconds, the tail's clock).
+    /// When the tail applied its first marker (epoch seconds, the tail's clock).
     pub observed_at: f64,
-    /// When every other open shard had been read to its end after that.
+    /// When every shard had moved past it (crate::phase::barrier).
     pub complete_at: Option<f64>,
+    /// When the barrier began (the clock of whoever began it): every write
+    /// acknowledged before is applied once it is complete.
+    #[serde(default)]
+    pub started_at: Option<f64>,
+    /// Shards that delivered one of its markers.
+    #[serde(default)]
+    pub passed: std::collections::BTreeSet<String>,
+    /// Shards it still waits for, as of the last publish.
+    #[serde(default)]
+    pub waiting_on: Vec<String>,
+    /// Markers written so far (the next one's number), and when the last
+    /// round of them was written.
+    #[serde(default)]
+    pub markers: u32,
+    #[serde(default)]
+    pub round_at: Option<f64>,
 }
 
 /// Counters committed with each checkpoint.

@@ -464,6 +464,12 @@ async fn backfill_from_a_local_export_with_a_bad_line_and_a_kill() {
         "file and line: {rejects}"
     );
     assert_export_target(&env, &target, &plan, &items, &[&lost, &refused]).await;
+    // Refused as DynamoDB refuses it, and nothing else was.
+    let refusals = env.proxy().take_refusals();
+    assert!(
+        !refusals.is_empty() && refusals.iter().all(|r| r.error.contains("Number overflow")),
+        "{refusals:?}"
+    );
 }
 
 /// Regression: a stop in the middle of an export's data file waited forever

@@ -1,20 +1,25 @@
-//! `rekey demo` as a newcomer runs it, small: the binary starts its own local
-//! server (whatever REKEY_TEST_ENDPOINT says: the demo is about that server),
-//! loads the skewed table, migrates it while its application writes, cuts
-//! over, finishes, and prints the before/after as one JSON object.
+//! `rekey demo`, small: it loads the skewed table, migrates it while its
+//! application writes, cuts over, finishes, and prints the before/after as
+//! one JSON object. Against the test environment's local server, through
+//! its proxy, so every request the demo sends is strictly validated (the
+//! demo starting a server of its own is `rekey demo` without
+//! `--endpoint-url`, the same code as `TestEnv`'s `LocalServer::start`).
 
 use crate::support::*;
 
-#[test]
-fn the_demo_migrates_a_skewed_table_under_live_writes_and_says_so() {
-    let mut args = vec!["demo", "--items", "1500", "--json"];
-    // The binary finds the server itself (REKEY_MOTO_SERVER, or .tools/ above
-    // its working directory); name it explicitly when the environment does.
-    let server = std::env::var(rekey::local::SERVER_ENV).ok();
-    if let Some(s) = &server {
-        args.extend(["--moto-server", s.as_str()]);
-    }
-    let out = rekey_with_env(&args, &[]);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_migrates_a_skewed_table_under_live_writes_and_says_so() {
+    let env = TestEnv::start_local().await;
+    let endpoint = env.endpoint();
+    let args = [
+        "demo",
+        "--items",
+        "1500",
+        "--json",
+        "--endpoint-url",
+        &endpoint,
+    ];
+    let out = output(env.command(&args, &[])).await;
     assert!(
         out.status.success(),
         "exit {:?}\nstdout: {}\nstderr: {}",

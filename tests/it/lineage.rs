@@ -115,6 +115,7 @@ async fn children_after_parents_across_a_split_with_an_expired_iterator() {
         expire_once: Mutex::new(vec!["shard-c"]),
         trimmed: vec![],
         calls: Mutex::new(Vec::new()),
+        appended: Default::default(),
     });
     let streams = serve(double.clone()).await;
     let out = run_tail(&env, &streams, &plan_path, &state);
@@ -154,6 +155,7 @@ async fn trimmed_records_stop_the_tail_and_say_a_new_backfill_is_needed() {
         expire_once: Mutex::new(vec![]),
         trimmed: vec!["shard-a"],
         calls: Mutex::new(Vec::new()),
+        appended: Default::default(),
     });
     let streams = serve(double).await;
     let out = run_tail(&env, &streams, &plan_path, &state);

@@ -14,7 +14,7 @@ use rekey::local::LocalServer;
 use rekey_testkit::proxy::{Faults, Proxy, ProxyOptions, ProxyStats};
 
 use crate::support::client::{create_plain_table, dynamodb_without_retries};
-use crate::support::shared_server;
+use crate::support::{shared_server, shared_shadow};
 
 /// The local server all tests share; each test has its tables.
 async fn local() -> &'static LocalServer {
@@ -26,7 +26,7 @@ async fn client(endpoint: &str) -> Client {
     dynamodb_without_retries(endpoint).await
 }
 
-fn options(upstream: &str) -> ProxyOptions {
+async fn options(upstream: &str) -> ProxyOptions {
     ProxyOptions {
         upstream: upstream.to_string(),
         key_write_units: 1000.0,
@@ -35,6 +35,8 @@ fn options(upstream: &str) -> ProxyOptions {
         table_read_units: None,
         burst_seconds: 1.0,
         faults: Faults::default(),
+        shadow: Some(shared_shadow().await),
+        partitions: None,
     }
 }
 
@@ -72,7 +74,7 @@ async fn hot_key_is_throttled_at_the_per_key_rate() {
     create_table(&direct, "hot", false).await;
     let proxy = Proxy::start(ProxyOptions {
         key_write_units: 20.0,
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -150,7 +152,7 @@ async fn batch_write_returns_what_does_not_fit_as_unprocessed() {
     create_table(&direct, "batch", true).await;
     let proxy = Proxy::start(ProxyOptions {
         key_write_units: 10.0,
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -260,7 +262,7 @@ async fn batch_get_returns_what_does_not_fit_as_unprocessed_keys() {
     }
     let proxy = Proxy::start(ProxyOptions {
         key_read_units: 4.0,
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -292,7 +294,7 @@ async fn table_limit_spread_over_many_keys_is_a_table_throttle() {
     create_table(&direct, "wide", false).await;
     let proxy = Proxy::start(ProxyOptions {
         table_write_units: Some(2.0),
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -357,7 +359,7 @@ async fn scans_are_charged_after_the_fact_and_reads_per_key() {
     let proxy = Proxy::start(ProxyOptions {
         key_read_units: 2.0,
         table_read_units: Some(1.0),
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -391,7 +393,7 @@ async fn scans_are_charged_after_the_fact_and_reads_per_key() {
     let proxy = Proxy::start(ProxyOptions {
         key_read_units: 0.2,
         burst_seconds: 10.0,
-        ..options(local.endpoint())
+        ..options(local.endpoint()).await
     })
     .await
     .unwrap();
@@ -497,7 +499,7 @@ async fn faults_are_visible_to_the_sdk() {
     for case in cases {
         let proxy = Proxy::start(ProxyOptions {
             faults: case.faults,
-            ..options(local.endpoint())
+            ..options(local.endpoint()).await
         })
         .await
         .unwrap();
@@ -521,7 +523,7 @@ async fn faults_are_visible_to_the_sdk() {
                 seed: 42,
                 ..Faults::default()
             },
-            ..options(local.endpoint())
+            ..options(local.endpoint()).await
         })
         .await
         .unwrap();
@@ -547,7 +549,7 @@ async fn faults_are_visible_to_the_sdk() {
 #[tokio::test]
 async fn everything_passes_through_unchanged_below_the_limits() {
     let local = local().await;
-    let proxy = Proxy::start(options(local.endpoint())).await.unwrap();
+    let proxy = Proxy::start(options(local.endpoint()).await).await.unwrap();
     let c = client(&proxy.endpoint()).await;
 
     create_table(&c, "pass", true).await;
@@ -630,9 +632,11 @@ async fn everything_passes_through_unchanged_below_the_limits() {
     assert_eq!(stats.write_units, 7.0);
     assert!(stats.read_units >= 3.0);
 
-    // Malformed requests are forwarded untouched: the local server answers
-    // them (moto with an HTML 500 for both; DynamoDB would say 400
-    // SerializationException and ValidationException).
+    // A body that is not JSON is forwarded untouched: the local server
+    // answers it (moto with an HTML 500; DynamoDB would say 400
+    // SerializationException). An invalid item is refused by strict
+    // validation as DynamoDB refuses it, and never reaches the local server
+    // (moto answered it with an HTML 500 too).
     let not_json = raw_post(&proxy.endpoint(), "PutItem", "{not json").await;
     assert!(not_json.starts_with("HTTP/1.1 500"), "{not_json}");
     assert!(not_json.contains("Werkzeug"), "{not_json}");
@@ -642,9 +646,92 @@ async fn everything_passes_through_unchanged_below_the_limits() {
         r#"{"TableName":"pass","Item":{"PK":{"X":"1"}}}"#,
     )
     .await;
-    assert!(bad_item.starts_with("HTTP/1.1 500"), "{bad_item}");
-    assert!(bad_item.contains("Werkzeug"), "{bad_item}");
+    assert!(bad_item.starts_with("HTTP/1.1 400"), "{bad_item}");
+    assert!(bad_item.contains("ValidationException"), "{bad_item}");
+    assert_eq!(proxy.take_refusals().len(), 1);
     assert_eq!(proxy.stats().write_units, 7.0);
+}
+
+/// What moto accepts and DynamoDB refuses (ARCHITECTURE.md, "Test
+/// backend"): each request is refused by strict validation with DynamoDB's
+/// error, and a proxy whose refusals were not taken fails the test that
+/// sent them.
+#[tokio::test]
+async fn requests_dynamodb_refuses_are_refused_and_fail_the_test_that_sent_them() {
+    let local = local().await;
+    let proxy = Proxy::start(options(local.endpoint()).await).await.unwrap();
+    let c = client(&proxy.endpoint()).await;
+    let table = format!("strict-{}", std::process::id());
+    create_table(&c, &table, true).await;
+    let key = |pk: &str, sk: &str| {
+        std::collections::HashMap::from([("PK".to_string(), s(pk)), ("SK".to_string(), s(sk))])
+    };
+    c.put_item()
+        .table_name(&table)
+        .set_item(Some(key("a", "1")))
+        .send()
+        .await
+        .unwrap();
+    // A key holding a non-key attribute (what verify --reverse's re-check
+    // sent): moto reads the key's attributes and ignores the rest.
+    let mut with_extra = key("a", "1");
+    with_extra.insert("status".into(), s("OPEN"));
+    let ka = KeysAndAttributes::builder()
+        .keys(with_extra)
+        .build()
+        .unwrap();
+    let e = c
+        .batch_get_item()
+        .request_items(&table, ka.clone())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("ValidationException"), "{e:?}");
+    let moto = client(local.endpoint()).await;
+    let accepted = moto.batch_get_item().request_items(&table, ka).send().await;
+    assert!(accepted.is_ok(), "moto accepts it");
+    // The same key twice in one batch.
+    let twice = KeysAndAttributes::builder()
+        .keys(key("a", "1"))
+        .keys(key("a", "1"))
+        .build()
+        .unwrap();
+    let e = c
+        .batch_get_item()
+        .request_items(&table, twice)
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("ValidationException"), "{e:?}");
+    // An expression value no expression uses.
+    let e = c
+        .put_item()
+        .table_name(&table)
+        .set_item(Some(key("b", "1")))
+        .condition_expression("attribute_not_exists(PK)")
+        .expression_attribute_values(":unused", s("x"))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("ValidationException"), "{e:?}");
+    // A key attribute of the wrong type.
+    let e = c
+        .get_item()
+        .table_name(&table)
+        .key("PK", AV::N("1".into()))
+        .key("SK", s("1"))
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("ValidationException"), "{e:?}");
+    let audit = proxy.audit().unwrap();
+    assert_eq!(audit.refused.len(), 4, "{:?}", audit.refused);
+
+    // Not taken: dropping the proxy fails the test.
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(proxy)));
+    let why = dropped.expect_err("the proxy's drop fails the test");
+    let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(why.contains("4 request(s) DynamoDB would refuse"), "{why}");
 }
 
 /// One request on its own connection, written by hand; the whole answer.

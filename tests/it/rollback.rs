@@ -6,6 +6,7 @@
 //! target == transform(source), i.e. source == inverse(target).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rekey::core::plan::Plan;
@@ -88,7 +89,9 @@ async fn exact(o: &Orders) -> (usize, usize, usize) {
 /// `first..first + ids`, each order at the target key its status gives (a
 /// status change deletes the old key, then puts the new). `held` is what the
 /// target holds of these ids when it starts (id → status). Returns the
-/// writes made.
+/// writes made. With `live`, it stops early when told and counts its writes
+/// there as it goes.
+#[allow(clippy::too_many_arguments)]
 async fn target_writer(
     env: &TestEnv,
     plan: &Plan,
@@ -97,6 +100,7 @@ async fn target_writer(
     mut held: HashMap<u64, &'static str>,
     ops: usize,
     seed: u64,
+    live: Option<&Live>,
 ) -> usize {
     let mut rng = Rng(seed);
     let c = &env.clients.dynamodb;
@@ -114,6 +118,12 @@ async fn target_writer(
     };
     let mut writes = 0;
     for n in 0..ops {
+        if let Some(live) = live {
+            if live.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            live.written.store(writes, Ordering::Relaxed);
+        }
         let id = first + rng.below(ids);
         let status = STATUSES[rng.below(3) as usize];
         let old = held.get(&id).map(|s| target_of(id, s, 0));
@@ -153,8 +163,20 @@ async fn target_writer(
         if n % 50 == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // An application that runs for as long as it is needed writes at an
+        // application's pace (~25 writes/s, each order every ~15 s).
+        if live.is_some() {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
     }
     writes
+}
+
+/// A writer that runs until told to stop, and says how far it got.
+#[derive(Default)]
+struct Live {
+    stop: AtomicBool,
+    written: AtomicUsize,
 }
 
 /// The statuses `seed(n)` gives orders `0..n`.
@@ -193,6 +215,7 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
         seeded(400),
         800,
         rng.next(),
+        None,
     );
     let kills = async {
         let mut tail = o.env.spawn(&reverse);
@@ -314,7 +337,8 @@ async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge
             (10_000, 100),
             HashMap::new(),
             600,
-            rng.next()
+            rng.next(),
+            None,
         ),
     );
     let (forward, reverse) = tokio::join!(wait_output(forward), wait_output(reverse));
@@ -337,11 +361,13 @@ async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge
 }
 
 /// Order id → status of every order in `table` (the source), for the target
-/// writer to start from.
+/// writer to start from. The forward tail's probes come and go in the source
+/// as the application would see them: they are not orders.
 async fn statuses(env: &TestEnv, table: &str) -> HashMap<u64, &'static str> {
     env.scan_all(table)
         .await
         .iter()
+        .filter(|i| !matches!(i.get("PK"), Some(rekey::core::value::Value::S(pk)) if pk.starts_with(rekey::core::marker::MARKER_PREFIX)))
         .map(|i| {
             let Some(rekey::core::value::Value::S(pk)) = i.get("PK") else {
                 panic!("{i:?}")
@@ -437,7 +463,7 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
         &mut reverse,
         &reverse_args,
         &mut rng,
-        target_writer(&o.env, &o.plan, &o.target, (0, 375), held, 400, seed2),
+        target_writer(&o.env, &o.plan, &o.target, (0, 375), held, 400, seed2, None),
     )
     .await;
     eprintln!("target writes: {n}");
@@ -469,6 +495,114 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     let (f, r) = tokio::join!(wait_output(forward), wait_output(reverse));
     assert!(f.status.success() && r.status.success(), "both tails end");
     assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+}
+
+/// Regression (issue 24): `verify --reverse` re-checked a candidate with a
+/// BatchGetItem whose key was the whole transformed item — refused by
+/// DynamoDB ("The provided key element does not match the schema"), and on
+/// the local server a false difference under live target writes (one read of
+/// each side, the target read after the source). So `rekey rollback` refused
+/// for as long as the application wrote the target: exactly when a rollback
+/// is needed. Now: clean while the application writes, and the rollback's
+/// gates pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reverse_is_clean_and_rollback_passes_its_gates_while_the_application_writes_the_target()
+ {
+    let o = migrated(300).await;
+    let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
+    let reverse = o
+        .env
+        .spawn(&["reverse", plan_s, "--state-dir", state_s, "--json"]);
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
+    let forward = o
+        .env
+        .spawn(&["tail", plan_s, "--state-dir", state_s, "--json"]);
+    verify_clean(&o, &[]);
+    let (code, text) = switch(&o, "cutover");
+    assert_eq!(code, 0, "cutover: {text}");
+
+    let held = statuses(&o.env, &o.source).await;
+    let live = Live::default();
+    let app = target_writer(
+        &o.env,
+        &o.plan,
+        &o.target,
+        (0, 375),
+        held,
+        usize::MAX,
+        Rng::from_time().next(),
+        Some(&live),
+    );
+    let checks = async {
+        poll_until("the application's writes", Duration::from_secs(60), || {
+            live.written.load(Ordering::Relaxed) > 50
+        })
+        .await;
+        let mut verifies = Vec::new();
+        for round in 0..3 {
+            let cmd = o.env.command(
+                &[
+                    "verify",
+                    plan_s,
+                    "--state-dir",
+                    state_s,
+                    "--reverse",
+                    "--json",
+                    "--show-keys",
+                ],
+                &[],
+            );
+            let out = output(cmd).await;
+            let r = report(&out);
+            eprintln!(
+                "round {round}, {} writes so far: {r}",
+                live.written.load(Ordering::Relaxed)
+            );
+            verifies.push((out.status.code(), r));
+        }
+        let cmd = o.env.command(
+            &[
+                "rollback",
+                plan_s,
+                "--state-dir",
+                state_s,
+                "--wait",
+                "60",
+                "--drain-timeout",
+                "60",
+            ],
+            &[],
+        );
+        let out = output(cmd).await;
+        live.stop.store(true, Ordering::Relaxed);
+        (verifies, out)
+    };
+    let (writes, (verifies, out)) = tokio::join!(app, checks);
+    eprintln!("the application wrote {writes} changes to the target");
+    // Both tables as they end once the tails have applied everything.
+    let out_drain = o
+        .env
+        .rekey(&["drain", plan_s, "--state-dir", state_s, "--reverse"]);
+    eprintln!(
+        "drain --reverse: {}{}",
+        stdout(&out_drain),
+        stderr(&out_drain)
+    );
+    let ended = exact(&o).await;
+    for (code, r) in &verifies {
+        assert_eq!(*code, Some(0), "{r}");
+        for k in ["missing", "different", "orphans", "unconfirmed"] {
+            assert_eq!(r["counts"][k], 0, "{k}: {r}");
+        }
+    }
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "rollback: {text}");
+    assert!(text.contains("Rolled back at"), "{text}");
+    assert_eq!(ended, (0, 0, 0), "both tables exact at the end");
+    for mut child in [forward, reverse] {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }
 
 /// The phase `rekey status --json` reports.
@@ -521,7 +655,7 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
     // The application writes the target; the run's reverse tail carries it back.
     let held = statuses(&o.env, &o.source).await;
     let seed = Rng::from_time().next();
-    target_writer(&o.env, &o.plan, &o.target, (0, 250), held, 200, seed).await;
+    target_writer(&o.env, &o.plan, &o.target, (0, 250), held, 200, seed, None).await;
     // The run's verify predates the cutover: a rollback wants one of the source read back.
     let out = o
         .env

@@ -412,6 +412,117 @@ async fn on_tables_shaped_like_the_other_plans_suggest_proposes_matching_rules()
     }
 }
 
+/// A single-table design whose shapes use each of the delimiters, each hot
+/// on one key but the users: `TENANT#`, `{day}|STORE|` (its sort key in
+/// `|`), `DEVICE:` with ISO times (their own `:`s) in `READING:`, and
+/// `CATALOG/`.
+fn four_delimiters() -> Vec<Item> {
+    let mut v = Vec::new();
+    let hex = |n: u32| format!("{:08x}", n.wrapping_mul(2_654_435_761));
+    for n in 0..800u32 {
+        let t = if n % 2 == 0 { 0 } else { 1 + n % 20 };
+        v.push(kv(
+            &format!("TENANT#t-{t:02}"),
+            &format!("ORDER#{}", hex(n)),
+        ));
+    }
+    for n in 0..600u32 {
+        let (day, store) = if n % 2 == 0 {
+            ("2026-07-07", 0)
+        } else {
+            (["2026-07-06", "2026-07-07"][n as usize / 2 % 2], 1 + n % 10)
+        };
+        v.push(kv(
+            &format!("{day}|STORE|s-{store:02}"),
+            &format!("SALE|{}", hex(n)),
+        ));
+    }
+    for n in 0..500u32 {
+        let d = if n % 2 == 0 { 0 } else { 1 + n % 25 };
+        v.push(kv(
+            &format!("DEVICE:d-{d:02}"),
+            &format!("READING:2026-07-07T{:02}:{:02}:00Z", n / 60 % 24, n % 60),
+        ));
+    }
+    for n in 0..400u32 {
+        let c = if n % 2 == 0 { 0 } else { 1 + n % 20 };
+        v.push(kv(
+            &format!("CATALOG/c-{c:02}"),
+            &format!("ITEM/sku-{n:05}"),
+        ));
+    }
+    for u in 0..20 {
+        v.push(kv(&format!("USER:u-{u:02}"), "PROFILE"));
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suggest_finds_each_shape_of_a_single_table_mixing_delimiters() {
+    let env = TestEnv::start().await;
+    let table = env.table_name("mixed");
+    env.create_table(&table, &pk_sk()).await;
+    env.put(&table, &four_delimiters()).await;
+    let (r, plan_path) = suggest(&env, &table, "6000", &[]);
+    assert_eq!(r["verdict"]["kind"], "plan", "{r:#}");
+    assert_eq!(r["sampled"], 2320);
+    let shapes: BTreeMap<(String, String), &Json> = r["shapes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let text = |v: &Json| v.as_str().unwrap_or("").to_string();
+            ((text(&s["pk"]), text(&s["sk"])), s)
+        })
+        .collect();
+    // Each hot shape is sharded by its id, as its numbers justify, and its new
+    // key (the bucket too) is joined by the partition key's own delimiter.
+    let hot = [
+        ("TENANT#{tenant}", "ORDER#{order}", "TENANT#{tenant}#SHARD#"),
+        (
+            "{day}|STORE|{store}",
+            "SALE|{sale}",
+            "{day}|STORE|{store}|SHARD|",
+        ),
+        (
+            "DEVICE:{device}",
+            "READING:{reading}",
+            "DEVICE:{device}:HOUR:{bucket(reading, hour)}:SHARD:",
+        ),
+        (
+            "CATALOG/{catalog}",
+            "ITEM/{item}",
+            "CATALOG/{catalog}/SHARD/",
+        ),
+    ];
+    for (pk, sk, new_pk) in hot {
+        let shape = shapes
+            .get(&(pk.to_string(), sk.to_string()))
+            .unwrap_or_else(|| panic!("no shape {pk} / {sk}: {:?}", shapes.keys()));
+        assert_eq!(shape["action"]["kind"], "shard", "{shape:#}");
+        let n = justified_shards(&r, shape);
+        assert!(n > 1, "{shape:#}");
+        assert_eq!(shape["action"]["shards"], n, "{shape:#}");
+        let capture = shape["action"]["capture"].as_str().unwrap();
+        assert_eq!(
+            shape["rule"]["key_pk"],
+            format!("{new_pk}{{shard({capture}, {n})}}"),
+            "{shape:#}"
+        );
+        let lit = pk.split('{').next().unwrap();
+        let redacted = shape["hottest_key"].as_str().unwrap();
+        assert!(redacted.starts_with(&format!("{lit}‹")), "{redacted}");
+    }
+    let user = &shapes[&("USER:{user}".to_string(), "PROFILE".to_string())];
+    assert_eq!(user["action"]["kind"], "no_rule", "{user:#}");
+    assert_eq!(shapes.len(), 5, "{:?}", shapes.keys());
+
+    // The plan holds exactly those four rules, and passes check and analyze.
+    assert_eq!(sorted(plan_rules(&plan_path)), sorted(suggested_rules(&r)));
+    assert_eq!(suggested_rules(&r).len(), hot.len());
+    check_and_analyze(&env, &plan_path, "6000");
+}
+
 fn numeric_key() -> KeySchema {
     KeySchema {
         partition_key: KeyAttr {

@@ -210,7 +210,12 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
         );
 
         // Every write made before the barrier is in the target now, exactly.
-        let low = |k: &str| k.trim_start_matches("O#").parse::<u64>().unwrap() < 1000;
+        // Keys that are not orders' (the tail's probe markers, which come and
+        // go in the source as the application would see them) are not low ids.
+        let low = |k: &str| {
+            k.strip_prefix("O#")
+                .is_some_and(|n| n.parse::<u64>().unwrap() < 1000)
+        };
         let source_now: Vec<Item> = env
             .scan_all(&source)
             .await
@@ -261,6 +266,45 @@ async fn drain_barrier_proves_every_earlier_write_is_applied_and_status_shows_la
             .all(|i| !format!("{:?}", i).contains("__rekey__")),
         "no marker in the target"
     );
+
+    // A round cut short by a process that is gone left markers in the source
+    // (as the tail just killed may have): the next round written from this
+    // state directory, here a drain's, sweeps them and forgets the round.
+    let cut = rekey::state::markers::Round {
+        table: source.clone(),
+        id: "20260101T000000.000Z-0badc0de".into(),
+        from: 0,
+        n: 3,
+        pid: i32::MAX as u32, // past Linux's pid_max: a process that is gone
+    };
+    let left: Vec<Item> = (0..cut.n)
+        .map(|n| {
+            let m = rekey::core::marker::Marker {
+                barrier: cut.id.clone(),
+                n,
+                started_at: Some(1.0),
+            };
+            rekey::core::marker::marker_item_in(&plan.source_key, &source, &m).unwrap()
+        })
+        .collect();
+    env.put(&source, &left).await;
+    let rounds = state.join("markers");
+    std::fs::create_dir_all(&rounds).unwrap();
+    std::fs::write(rounds.join("cut-0.json"), serde_json::to_vec(&cut).unwrap()).unwrap();
+    let out = env.rekey(&[&drain[..], &["--timeout", "1"]].concat());
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let markers: Vec<Item> = env
+        .scan_all(&source)
+        .await
+        .into_iter()
+        .filter(|i| format!("{i:?}").contains("__rekey__"))
+        .collect();
+    assert!(
+        markers.is_empty(),
+        "markers left in the source: {markers:?}"
+    );
+    let files: Vec<_> = std::fs::read_dir(&rounds).unwrap().collect();
+    assert!(files.is_empty(), "rounds not forgotten: {files:?}");
 }
 
 /// Regression: `rekey run` whose in-process tail could not run (here: the

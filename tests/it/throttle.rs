@@ -96,6 +96,8 @@ async fn under_table_throttling_it_finishes_exactly_and_settles_near_the_limit()
         table_read_units: None,
         burst_seconds: 1.0,
         faults: Faults::default(),
+        shadow: r.env.shadow(),
+        partitions: None,
     })
     .await
     .unwrap();
@@ -134,6 +136,8 @@ async fn one_old_key_with_30_percent_of_items_never_overloads_a_target_key() {
         table_read_units: None,
         burst_seconds: 1.0,
         faults: Faults::default(),
+        shadow: r.env.shadow(),
+        partitions: None,
     })
     .await
     .unwrap();
@@ -181,6 +185,8 @@ async fn server_errors_and_connection_resets_are_retried_to_an_exact_result() {
             latency: std::time::Duration::from_millis(2),
             seed: 7,
         },
+        shadow: r.env.shadow(),
+        partitions: None,
     })
     .await
     .unwrap();

@@ -498,7 +498,22 @@ async fn the_stream_watch_sees_every_write_after_it_starts_and_none_before() {
     let after = Utc::now().timestamp_millis() as f64 / 1000.0;
     let mut seen = Vec::new();
     let started = std::time::Instant::now();
-    while watch.through() < after {
+    // Only records prove the watch read past an instant: probe markers, as
+    // verify writes them while it waits on the watch.
+    let id = rekey::phase::markers::new_probe_id();
+    let mut probes = 0;
+    let rounds = tempfile::tempdir().unwrap();
+    let ledger = rekey::state::markers::Ledger::new(rounds.path());
+    while watch.through().is_none_or(|t| t < after) {
+        let markers = rekey::phase::markers::Markers {
+            clients: c,
+            key: &o.plan.source_key,
+            table: &o.source,
+            id: &id,
+            started_at: after,
+            ledger: &ledger,
+        };
+        probes += markers.round(probes, 1).await.unwrap();
         seen.extend(watch.poll().await.unwrap());
         assert!(
             started.elapsed() < Duration::from_secs(60),

@@ -105,13 +105,13 @@ pub struct LimitStats {
     pub per_table_write_units: BTreeMap<String, f64>,
 }
 
-struct Bucket {
-    tokens: f64,
-    last: Instant,
+pub(crate) struct Bucket {
+    pub(crate) tokens: f64,
+    pub(crate) last: Instant,
 }
 
 impl Bucket {
-    fn refill(&mut self, rate: f64, burst: f64, now: Instant) {
+    pub(crate) fn refill(&mut self, rate: f64, burst: f64, now: Instant) {
         if now <= self.last {
             return; // time is only ever credited once
         }
@@ -123,7 +123,7 @@ impl Bucket {
     /// A full bucket admits even a request bigger than its capacity and goes
     /// into debt (an item larger than the burst must still get through, at
     /// the rate on average). A zero rate admits nothing.
-    fn fits(&self, units: f64, rate: f64, burst: f64) -> bool {
+    pub(crate) fn fits(&self, units: f64, rate: f64, burst: f64) -> bool {
         let capacity = rate * burst;
         self.tokens >= units || (capacity > 0.0 && self.tokens >= capacity)
     }

@@ -23,7 +23,10 @@
 //!
 //! Limits are token buckets (refill at the rate, capacity rate × burst
 //! seconds, starting full), in [`crate::limits`], which the stand-in shares,
-//! so both answer the same. It also injects faults (HTTP 500s, connections
+//! so both answer the same. With [`ProxyOptions::partitions`] the proxy
+//! limits per partition instead, as DynamoDB does ([`crate::partitions`]:
+//! keys sharing a partition share its limit, adaptive capacity, split for
+//! heat, GSI partitions, `ThrottlingException` at an on-demand maximum). It also injects faults (HTTP 500s, connections
 //! dropped without an answer, latency) from a deterministic SplitMix64 stream.
 //!
 //! Requests are forwarded with their bytes and headers unchanged (the local
@@ -36,7 +39,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -55,7 +58,10 @@ use tokio::task::JoinHandle;
 
 use rekey::core::value::{self, Item, Value};
 
-use crate::limits::{self, Charge, Kind, Limiter, Limits, Refused};
+use crate::keyspace::key_hash;
+use crate::limits::{Charge, Kind, Limiter, Limits};
+use crate::partitions::{self, PartitionModel, PartitionOptions, Split, Throttle};
+use crate::shadow::{Audit, Validator, Verdict};
 
 const TARGET_PREFIX: &str = "DynamoDB_20120810.";
 const JSON_TYPE: &str = "application/x-amz-json-1.0";
@@ -91,6 +97,13 @@ pub struct ProxyOptions {
     /// Bucket capacity = rate × burst_seconds (DynamoDB keeps ~300 s).
     pub burst_seconds: f64,
     pub faults: Faults,
+    /// `http://127.0.0.1:PORT` of a validating shadow ([`crate::shadow`]):
+    /// every DynamoDB request is checked there first, and one DynamoDB
+    /// refuses is answered with DynamoDB's error and recorded.
+    pub shadow: Option<String>,
+    /// Limit per partition ([`crate::partitions`]) instead of per key value:
+    /// the key and table rates above are then unused. `None`: per key.
+    pub partitions: Option<PartitionOptions>,
 }
 
 /// Injected faults, drawn per request from a SplitMix64 stream seeded by `seed`.
@@ -146,6 +159,8 @@ impl ProxyOptions {
             table_read_units: None,
             burst_seconds: 1.0,
             faults: Faults::default(),
+            shadow: None,
+            partitions: None,
         }
     }
 }
@@ -157,7 +172,12 @@ impl Proxy {
         let endpoint = format!("http://{}", listener.local_addr()?);
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
+        let validator = opts
+            .shadow
+            .as_deref()
+            .map(|shadow| Validator::new(shadow, &opts.upstream));
         let shared = Arc::new(Shared {
+            validator,
             upstream: opts.upstream.trim_end_matches('/').to_string(),
             client: Client::builder(TokioExecutor::new()).build(connector),
             rng: AtomicU64::new(opts.faults.seed),
@@ -171,6 +191,7 @@ impl Proxy {
                     table_read: opts.table_read_units,
                     burst: opts.burst_seconds,
                 }),
+                partitions: opts.partitions.map(PartitionModel::new),
                 stats: ProxyStats::default(),
             }),
         });
@@ -193,7 +214,10 @@ impl Proxy {
 
     pub fn stats(&self) -> ProxyStats {
         let state = self.shared.state();
-        let units = &state.limiter.stats;
+        let units = match &state.partitions {
+            Some(model) => &model.stats,
+            None => &state.limiter.stats,
+        };
         ProxyStats {
             write_units: units.write_units,
             read_units: units.read_units,
@@ -201,6 +225,42 @@ impl Proxy {
             per_table_write_units: units.per_table_write_units.clone(),
             ..state.stats.clone()
         }
+    }
+
+    /// The partition splits so far (none without the partition model).
+    pub fn splits(&self) -> Vec<Split> {
+        let state = self.shared.state();
+        state
+            .partitions
+            .as_ref()
+            .map(|m| m.splits().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The ranges of a table's (or GSI's) partitions, once it has been used
+    /// (none without the partition model).
+    pub fn partitions(&self, table: &str, index: Option<&str>) -> Vec<partitions::Range> {
+        let state = self.shared.state();
+        state
+            .partitions
+            .as_ref()
+            .map(|m| m.partitions(table, index))
+            .unwrap_or_default()
+    }
+
+    /// What strict validation saw: `None` without a shadow.
+    pub fn audit(&self) -> Option<Audit> {
+        self.shared.validator.as_ref().map(Validator::audit)
+    }
+
+    /// The refusals so far, taken: a test that sends invalid requests on
+    /// purpose takes them so they do not fail it.
+    pub fn take_refusals(&self) -> Vec<crate::shadow::Refusal> {
+        self.shared
+            .validator
+            .as_ref()
+            .map(Validator::take_refusals)
+            .unwrap_or_default()
     }
 
     /// Changes the write limits while running; buckets keep their tokens
@@ -213,8 +273,27 @@ impl Proxy {
 }
 
 impl Drop for Proxy {
+    /// Fails the test whose requests DynamoDB would have refused (unless it
+    /// took them with [`Proxy::take_refusals`], or is failing already).
     fn drop(&mut self) {
         self.task.abort();
+        let Some(v) = &self.shared.validator else {
+            return;
+        };
+        // Reported here, by failing the test: the audit counts them apart.
+        let refused = v.report_refusals();
+        if refused.is_empty() || std::thread::panicking() {
+            return;
+        }
+        let list: Vec<String> = refused
+            .iter()
+            .map(|r| format!("- {}: {}\n  request: {}", r.action, r.error, r.request))
+            .collect();
+        panic!(
+            "{} request(s) DynamoDB would refuse (strict validation):\n{}",
+            refused.len(),
+            list.join("\n")
+        );
     }
 }
 
@@ -224,25 +303,47 @@ impl Drop for Proxy {
 struct Reset;
 
 struct Shared {
+    validator: Option<Validator>,
     upstream: String,
     client: Client<HttpConnector, Full<Bytes>>,
     faults: Faults,
     rng: AtomicU64,
-    /// Table name → name of its HASH key attribute.
-    schemas: Mutex<HashMap<String, String>>,
+    /// Table name → its key attributes.
+    schemas: Mutex<HashMap<String, Schema>>,
     state: Mutex<State>,
+}
+
+/// What the proxy needs of a table's key schema.
+#[derive(Debug, Clone)]
+struct Schema {
+    /// The HASH key attribute.
+    hash: String,
+    /// Each GSI's name and HASH key attribute.
+    indexes: Vec<(String, String)>,
 }
 
 struct State {
     limiter: Limiter,
+    /// Replaces the limiter's per-key buckets when set.
+    partitions: Option<PartitionModel>,
     /// The proxy's own counters (the limiter keeps the units).
     stats: ProxyStats,
+}
+
+impl State {
+    /// Charges what a Scan read, to whichever limiter runs.
+    fn charge_scan(&mut self, table: &str, units: f64) {
+        match &mut self.partitions {
+            Some(model) => model.charge_scan(table, units, Instant::now()),
+            None => self.limiter.charge_scan(table, units),
+        }
+    }
 }
 
 /// What to do with one parsed request.
 enum Plan {
     Forward,
-    Throttle(Refused),
+    Throttle(Throttle),
     /// Forward `body` (the admitted part) and add `rest` to the answer's `field`.
     Partial {
         body: Vec<u8>,
@@ -286,6 +387,13 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     let request = serde_json::from_slice::<Json>(&body)
         .ok()
         .filter(Json::is_object);
+    // DynamoDB validates a request before it throttles it.
+    if let (Some(validator), Some(json)) = (&shared.validator, &request)
+        && !op.is_empty()
+        && let Verdict::Refused { status, body } = validator.check(&op, &body, json).await
+    {
+        return Ok(refusal(status, body));
+    }
     let plan = match &request {
         Some(json) => shared.plan(&op, json).await,
         None => Plan::Forward,
@@ -328,8 +436,11 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             if head.status != StatusCode::OK {
                 return Ok(rebuild(head, bytes));
             }
+            if let (Some(_), Some(req)) = (&shared.validator, &request) {
+                crate::shadow::scan_answered(req, &bytes);
+            }
             let units = capacity::scan_units(&bytes, consistent);
-            shared.state().limiter.charge_scan(&table, units);
+            shared.state().charge_scan(&table, units);
             let rewritten =
                 wants_capacity.and_then(|_| capacity::rewrite(&op, request.as_ref()?, &bytes));
             Ok(rebuild(head, rewritten.map_or(bytes, Bytes::from)))
@@ -343,6 +454,9 @@ impl Shared {
     }
 
     async fn plan(&self, op: &str, req: &Json) -> Plan {
+        if self.state().partitions.is_some() {
+            return self.plan_partitioned(op, req).await;
+        }
         let table = req
             .get("TableName")
             .and_then(Json::as_str)
@@ -350,7 +464,7 @@ impl Shared {
         let single = |kind, charge: Option<Charge>| match charge {
             Some(c) => match self.state().limiter.admit(kind, &[c]) {
                 Ok(()) => Plan::Forward,
-                Err(r) => Plan::Throttle(r),
+                Err(r) => Plan::Throttle(r.into()),
             },
             None => Plan::Forward,
         };
@@ -408,14 +522,14 @@ impl Shared {
                 }
                 match self.state().limiter.admit(Kind::Write, &charges) {
                     Ok(()) => Plan::Forward,
-                    Err(r) => Plan::Throttle(r),
+                    Err(r) => Plan::Throttle(r.into()),
                 }
             }
             "BatchWriteItem" => self.plan_batch(req, Kind::Write).await,
             "BatchGetItem" => self.plan_batch(req, Kind::Read).await,
             "Scan" if !table.is_empty() => {
                 if let Err(r) = self.state().limiter.scan_allowed(table) {
-                    return Plan::Throttle(r);
+                    return Plan::Throttle(r.into());
                 }
                 let consistent = req.get("ConsistentRead").and_then(Json::as_bool) == Some(true);
                 Plan::Scan {
@@ -435,22 +549,109 @@ impl Shared {
         }
     }
 
+    /// [`Self::plan`] with the partition model: the same requests charged,
+    /// placed by their partition key's ring position, puts also charged to
+    /// the GSIs that hold the item.
+    async fn plan_partitioned(&self, op: &str, req: &Json) -> Plan {
+        let table = req
+            .get("TableName")
+            .and_then(Json::as_str)
+            .unwrap_or_default();
+        let (kind, charges) = match op {
+            "PutItem" | "UpdateItem" | "DeleteItem" | "GetItem" | "Query" if !table.is_empty() => {
+                let schema = self.schema(table).await;
+                let schema = schema.as_ref();
+                let charge = match op {
+                    "PutItem" => partition_charge(table, schema, req.get("Item"), None),
+                    "Query" => Some(query_charge(table, schema, req)),
+                    _ => partition_charge(table, schema, req.get("Key"), Some(1.0)),
+                };
+                let kind = match op {
+                    "GetItem" | "Query" => Kind::Read,
+                    _ => Kind::Write,
+                };
+                (kind, charge.into_iter().collect())
+            }
+            "TransactWriteItems" => {
+                let items = req.get("TransactItems").and_then(Json::as_array);
+                let mut charges = Vec::new();
+                for entry in items.into_iter().flatten() {
+                    let Some((kind, body)) = ["Put", "Update", "Delete"]
+                        .into_iter()
+                        .find_map(|k| Some((k, entry.get(k)?)))
+                    else {
+                        continue; // ConditionCheck: a read, not charged
+                    };
+                    let Some(t) = body.get("TableName").and_then(Json::as_str) else {
+                        continue;
+                    };
+                    let schema = self.schema(t).await;
+                    let (item, units) = match kind {
+                        "Put" => (body.get("Item"), None),
+                        _ => (body.get("Key"), Some(1.0)),
+                    };
+                    if let Some(mut c) = partition_charge(t, schema.as_ref(), item, units) {
+                        c.units *= 2.0; // a transaction writes twice
+                        charges.push(c);
+                    }
+                }
+                (Kind::Write, charges)
+            }
+            "BatchWriteItem" => return self.plan_batch(req, Kind::Write).await,
+            "BatchGetItem" => return self.plan_batch(req, Kind::Read).await,
+            "Scan" if !table.is_empty() => {
+                let mut state = self.state();
+                let model = state.partitions.as_mut().expect("the partition model");
+                if let Err(t) = model.scan_allowed(table, Instant::now()) {
+                    return Plan::Throttle(t);
+                }
+                let consistent = req.get("ConsistentRead").and_then(Json::as_bool) == Some(true);
+                return Plan::Scan {
+                    table: table.to_string(),
+                    consistent,
+                };
+            }
+            "DeleteTable" => {
+                // It may come back with another key schema and fresh partitions.
+                self.schemas
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(table);
+                if let Some(model) = self.state().partitions.as_mut() {
+                    model.forget(table);
+                }
+                return Plan::Forward;
+            }
+            _ => return Plan::Forward,
+        };
+        if charges.is_empty() {
+            return Plan::Forward;
+        }
+        let mut state = self.state();
+        let model = state.partitions.as_mut().expect("the partition model");
+        match model.admit(kind, &charges, Instant::now()) {
+            Ok(()) => Plan::Forward,
+            Err(t) => Plan::Throttle(t),
+        }
+    }
+
     /// Admits batch entries one by one while they fit; the rest is returned
     /// unprocessed, as DynamoDB does.
     async fn plan_batch(&self, req: &Json, kind: Kind) -> Plan {
         let Some(tables) = req.get("RequestItems").and_then(Json::as_object) else {
             return Plan::Forward;
         };
-        let mut hashes = HashMap::new();
+        let mut schemas = HashMap::new();
         for table in tables.keys() {
-            hashes.insert(table.clone(), self.hash_key(table).await);
+            schemas.insert(table.clone(), self.schema(table).await);
         }
         let mut admitted = Map::new();
         let mut rest = Map::new();
         let mut first_refusal = None;
         let mut state = self.state();
         for (table, entries) in tables {
-            let hash = hashes.get(table).and_then(Option::as_deref);
+            let schema = schemas.get(table).and_then(Option::as_ref);
+            let hash = schema.map(|s| s.hash.as_str());
             // BatchWriteItem: [{PutRequest|DeleteRequest}]; BatchGetItem: {Keys: [..], ..}.
             let list = match kind {
                 Kind::Write => entries.as_array(),
@@ -459,15 +660,23 @@ impl Shared {
             let Some(list) = list else {
                 return Plan::Forward;
             };
-            let charges = list.iter().map(|entry| match kind {
-                Kind::Write => match (entry.get("PutRequest"), entry.get("DeleteRequest")) {
-                    (Some(p), _) => charge(table, hash, p.get("Item"), None),
-                    (_, Some(d)) => charge(table, hash, d.get("Key"), Some(1.0)),
-                    _ => None,
-                },
-                Kind::Read => charge(table, hash, Some(entry), Some(1.0)),
-            });
-            let (admitted_entries, refusal) = state.limiter.admit_each(kind, charges);
+            let (admitted_entries, refusal) = match &mut state.partitions {
+                Some(model) => {
+                    let charges = list.iter().map(|entry| {
+                        batch_entry(kind, entry, |item, units| {
+                            partition_charge(table, schema, item, units)
+                        })
+                    });
+                    model.admit_each(kind, charges, Instant::now())
+                }
+                None => {
+                    let charges = list.iter().map(|entry| {
+                        batch_entry(kind, entry, |item, units| charge(table, hash, item, units))
+                    });
+                    let (admitted, refusal) = state.limiter.admit_each(kind, charges);
+                    (admitted, refusal.map(Throttle::from))
+                }
+            };
             if let Some(r) = refusal {
                 first_refusal.get_or_insert(r);
             }
@@ -512,8 +721,13 @@ impl Shared {
         }
     }
 
-    /// The table's HASH key name, from the cache or a DescribeTable of our own.
+    /// The table's HASH key name.
     async fn hash_key(&self, table: &str) -> Option<String> {
+        self.schema(table).await.map(|s| s.hash)
+    }
+
+    /// The table's key attributes, from the cache or a DescribeTable of our own.
+    async fn schema(&self, table: &str) -> Option<Schema> {
         if let Some(h) = self
             .schemas
             .lock()
@@ -536,15 +750,30 @@ impl Shared {
         }
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();
         let desc: Json = serde_json::from_slice(&bytes).ok()?;
-        let hash = desc["Table"]["KeySchema"]
-            .as_array()?
-            .iter()
-            .find(|k| k["KeyType"] == "HASH")?["AttributeName"]
-            .as_str()?
-            .to_string();
+        let hash_of = |key_schema: &Json| {
+            let hash = key_schema
+                .as_array()?
+                .iter()
+                .find(|k| k["KeyType"] == "HASH")?;
+            Some(hash["AttributeName"].as_str()?.to_string())
+        };
+        let gsis = desc["Table"]["GlobalSecondaryIndexes"].as_array();
+        let schema = Schema {
+            hash: hash_of(&desc["Table"]["KeySchema"])?,
+            indexes: gsis
+                .into_iter()
+                .flatten()
+                .filter_map(|g| {
+                    Some((
+                        g["IndexName"].as_str()?.to_string(),
+                        hash_of(&g["KeySchema"])?,
+                    ))
+                })
+                .collect(),
+        };
         let mut schemas = self.schemas.lock().unwrap_or_else(|e| e.into_inner());
-        schemas.insert(table.to_string(), hash.clone());
-        Some(hash)
+        schemas.insert(table.to_string(), schema.clone());
+        Some(schema)
     }
 
     /// Sends the request upstream with its headers unchanged (Host included).
@@ -576,6 +805,51 @@ impl Shared {
     }
 }
 
+/// A `BatchWriteItem` entry (`PutRequest` item, `DeleteRequest` key) or a
+/// `BatchGetItem` key, charged by `charge(item or key, units)`.
+fn batch_entry<C>(
+    kind: Kind,
+    entry: &Json,
+    charge: impl Fn(Option<&Json>, Option<f64>) -> Option<C>,
+) -> Option<C> {
+    match kind {
+        Kind::Write => match (entry.get("PutRequest"), entry.get("DeleteRequest")) {
+            (Some(p), _) => charge(p.get("Item"), None),
+            (_, Some(d)) => charge(d.get("Key"), Some(1.0)),
+            _ => None,
+        },
+        Kind::Read => charge(Some(entry), Some(1.0)),
+    }
+}
+
+/// The partition model's charge of one item or key: `units`, or (None) a
+/// put of the whole item, its size in WCU, which also writes every GSI
+/// that holds the item (the ones whose key attribute it has).
+fn partition_charge(
+    table: &str,
+    schema: Option<&Schema>,
+    item: Option<&Json>,
+    units: Option<f64>,
+) -> Option<partitions::Charge> {
+    let item = item?;
+    let put_units = || {
+        let size = value::item_size(&Item::deserialize(item).ok()?);
+        Some(value::write_units(size) as f64)
+    };
+    let (units, put) = match units {
+        Some(units) => (units, false),
+        None => (put_units()?, true),
+    };
+    let hash = schema.and_then(|s| item.get(&s.hash)).map(key_hash);
+    let mut charge = partitions::Charge::table(table, hash, units);
+    for (index, attr) in schema.map(|s| s.indexes.as_slice()).unwrap_or_default() {
+        if let Some(v) = item.get(attr).filter(|_| put) {
+            charge = charge.and_index(index, key_hash(v));
+        }
+    }
+    Some(charge)
+}
+
 /// The charge of one item or key: `units`, or (None) the item's size in WCU.
 fn charge(
     table: &str,
@@ -589,6 +863,23 @@ fn charge(
         key: hash.and_then(|h| value::encode_key(&item, &[h])),
         units: units.unwrap_or_else(|| value::write_units(value::item_size(&item)) as f64),
     })
+}
+
+/// A Query's read (one unit before the fact), placed by the partition key
+/// value it asks for: the table's, or with `IndexName` the index's.
+fn query_charge(table: &str, schema: Option<&Schema>, req: &Json) -> partitions::Charge {
+    let index = req.get("IndexName").and_then(Json::as_str);
+    let attr = match index {
+        Some(name) => schema.and_then(|s| s.indexes.iter().find(|(n, _)| n == name)),
+        None => None,
+    }
+    .map(|(_, attr)| attr.as_str());
+    let attr = attr.or_else(|| schema.filter(|_| index.is_none()).map(|s| s.hash.as_str()));
+    let hash = attr.and_then(|a| query_hash_value(req, a)).map(key_hash);
+    match index {
+        Some(name) => partitions::Charge::index(table, name, hash, 1.0),
+        None => partitions::Charge::table(table, hash, 1.0),
+    }
 }
 
 fn key_bytes(hash: &str, value: &Json) -> Option<Vec<u8>> {
@@ -718,13 +1009,17 @@ fn error_answer(status: StatusCode, error_type: &'static str, body: String) -> R
 }
 
 /// DynamoDB's throttle answer.
-fn throttle_error(r: &Refused) -> Response<Body> {
-    let error_type = "ProvisionedThroughputExceededException";
-    error_answer(
-        StatusCode::BAD_REQUEST,
-        error_type,
-        limits::throttle_body(r),
-    )
+/// DynamoDB's refusal of an invalid request, as the shadow answered it.
+fn refusal(status: StatusCode, body: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, JSON_TYPE)
+        .body(full(body))
+        .expect("static response parts")
+}
+
+fn throttle_error(t: &Throttle) -> Response<Body> {
+    error_answer(StatusCode::BAD_REQUEST, t.exception, t.body())
 }
 
 fn internal_error() -> Response<Body> {

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::core::plan::KeySchema;
 use crate::core::value::{Item, ScalarType, Value, item_size, write_units};
-use shape::{Layout, Seg, VarStats, capture_name};
+use shape::{KeyShape, Layout, Seg, VarStats, capture_name};
 pub use shard::ShardRounding;
 
 /// More shapes than this (or about one per item) is not a key design.
@@ -276,8 +276,8 @@ pub struct Suggestion {
 
 /// One shape's accumulated numbers.
 struct ShapeAcc<'s> {
-    pk: Vec<Seg>,
-    sk: Option<Vec<Seg>>,
+    pk: KeyShape,
+    sk: Option<KeyShape>,
     items: u64,
     pk_vars: Vec<VarStats>,
     sk_vars: Vec<VarStats>,
@@ -285,10 +285,10 @@ struct ShapeAcc<'s> {
     example: &'s SampledKey,
 }
 
-fn add_vars(stats: &mut Vec<VarStats>, shape: &[Seg], value: &str, delimiter: Option<char>) {
-    let vars = shape::split(value, delimiter)
-        .into_iter()
-        .zip(shape)
+fn add_vars(stats: &mut Vec<VarStats>, shape: &KeyShape, parts: &[&str]) {
+    let vars = parts
+        .iter()
+        .zip(&shape.segs)
         .filter(|(_, s)| **s == Seg::Var)
         .map(|(v, _)| v);
     for (i, v) in vars.enumerate() {
@@ -306,10 +306,10 @@ fn shapes<'s>(
     sk_layout: &Layout,
     totals: &HashMap<&'s str, (u64, u64)>,
 ) -> Vec<ShapeAcc<'s>> {
-    let mut by_shape: HashMap<(Vec<Seg>, Option<Vec<Seg>>), ShapeAcc<'s>> = HashMap::new();
+    let mut by_shape: HashMap<(KeyShape, Option<KeyShape>), ShapeAcc<'s>> = HashMap::new();
     for k in sample.keys() {
-        let pk = pk_layout.shape(&k.pk);
-        let sk = k.sk.as_deref().map(|s| sk_layout.shape(s));
+        let (pk, pk_parts) = pk_layout.parts(&k.pk);
+        let (sk, sk_parts) = k.sk.as_deref().map(|s| sk_layout.parts(s)).unzip();
         let acc = by_shape
             .entry((pk.clone(), sk.clone()))
             .or_insert_with(|| ShapeAcc {
@@ -322,9 +322,9 @@ fn shapes<'s>(
                 example: k,
             });
         acc.items += 1;
-        add_vars(&mut acc.pk_vars, &acc.pk, &k.pk, pk_layout.delimiter);
-        if let (Some(sk), Some(v)) = (&acc.sk, &k.sk) {
-            add_vars(&mut acc.sk_vars, sk, v, sk_layout.delimiter);
+        add_vars(&mut acc.pk_vars, &acc.pk, &pk_parts);
+        if let (Some(sk), Some(parts)) = (&acc.sk, &sk_parts) {
+            add_vars(&mut acc.sk_vars, sk, parts);
         }
         let wcu = totals.get(k.pk.as_str()).map_or(0, |t| t.1);
         let cand = (wcu, k.pk.as_str());
@@ -378,7 +378,7 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
     }
     let pk_layout = Layout::learn(sample.keys().iter().map(|k| k.pk.as_str()));
     let sk_layout = Layout::learn(sample.keys().iter().filter_map(|k| k.sk.as_deref()));
-    if pk_layout.delimiter.is_none() && sk_layout.delimiter.is_none() {
+    if !pk_layout.has_delimiter() && !sk_layout.has_delimiter() {
         s.verdict = Verdict::NoDelimiters;
         return s;
     }
@@ -397,11 +397,10 @@ pub fn suggest(table: &str, key: &KeySchema, sample: &Sample, opts: &SuggestOpti
         };
         return s;
     }
-    let delims = (pk_layout.delimiter, sk_layout.delimiter);
     let mut names = Vec::new();
     s.shapes = accs
         .iter()
-        .map(|a| report(a, items, &totals, delims, &s, &mut names))
+        .map(|a| report(a, items, &totals, &s, &mut names))
         .collect();
     protect_unruled(&mut s.shapes, &accs);
     s.hot_keys = hot_keys(&totals, items, opts.write_rate, |k| {
@@ -455,16 +454,15 @@ fn hot_keys(
 
 /// A shape's text with capture names; records each capture's stats by name.
 fn named<'a>(
-    shape: &[Seg],
+    shape: &KeyShape,
     stats: &'a [VarStats],
-    delimiter: Option<char>,
     taken: &mut Vec<String>,
     captures: &mut Vec<(String, &'a VarStats)>,
 ) -> String {
     let mut parts = Vec::new();
     let mut vars = stats.iter();
     let mut before: Option<&str> = None;
-    for seg in shape {
+    for seg in &shape.segs {
         match seg {
             Seg::Lit(l) => {
                 parts.push(l.clone());
@@ -479,23 +477,22 @@ fn named<'a>(
             }
         }
     }
-    parts.join(&delimiter.map(String::from).unwrap_or_default())
+    parts.join(&shape.delimiter.map(String::from).unwrap_or_default())
 }
 
 fn report(
     a: &ShapeAcc<'_>,
     items: u64,
     totals: &HashMap<&str, (u64, u64)>,
-    (pk_delim, sk_delim): (Option<char>, Option<char>),
     s: &Suggestion,
     rule_names: &mut Vec<String>,
 ) -> ShapeReport {
     let mut taken = Vec::new();
     let (mut pk_caps, mut sk_caps) = (Vec::new(), Vec::new());
-    let pk = named(&a.pk, &a.pk_vars, pk_delim, &mut taken, &mut pk_caps);
+    let pk = named(&a.pk, &a.pk_vars, &mut taken, &mut pk_caps);
     let sk =
         a.sk.as_ref()
-            .map(|sk| named(sk, &a.sk_vars, sk_delim, &mut taken, &mut sk_caps));
+            .map(|sk| named(sk, &a.sk_vars, &mut taken, &mut sk_caps));
     let (hot_key, (hot_items, hot_wcu)) = a
         .hottest
         .map(|(_, k)| (k, totals.get(k).copied().unwrap_or_default()))
@@ -520,7 +517,12 @@ fn report(
         bucket: None,
         notes: Vec::new(),
     };
-    let delim = pk_delim.or(sk_delim).unwrap_or('#');
+    // The bucket and the shards join the partition key, so they take its
+    // delimiter; a key of one segment borrows its sort key's.
+    let delim =
+        a.pk.delimiter
+            .or(a.sk.as_ref().and_then(|sk| sk.delimiter))
+            .unwrap_or('#');
     // A time in the sort key, none in the partition key: a bucket can join the key.
     let pk_has_time = pk_caps.iter().any(|(_, st)| st.time().is_some());
     let time = sk_caps

@@ -1,15 +1,21 @@
 //! Key shapes from key values: the delimiter, literal and variable segments,
 //! capture names, and which variables are times.
 //!
-//! A value is split on its attribute's delimiter (the one of `#`, `|`, `:`,
-//! `/` found in the most values; ties in that order, so `EVENT#2026-07-07T10:00`
-//! splits on `#`). Values are grouped by their number of segments; in a group
+//! Each value is split on a delimiter of its own, not its attribute's: a
+//! single-table design keys `{day}|STORE|{store}` beside `DEVICE:{device}`,
+//! and one delimiter for both would leave one shape a single variable. Of
+//! `#`, `|`, `:`, `/`, a value splits on the one that leaves the most
+//! upper-case words (`TENANT`, `STORE`: the single-table convention for plan
+//! text), so `EVENT#2026-07-07T10:00` splits on `#`; then the most whole
+//! times; then the one the most values of the attribute hold; then that order. A time's own `:`s
+//! never split it (`READING:2026-07-07T10:00:00Z` is two segments).
+//!
+//! Values are grouped by delimiter and number of segments; in a group
 //! a position is **literal** when it holds few distinct values
-//! ([`LITERAL_MAX`]), each an upper-case word (`TENANT`, `CASE`, `PROFILE`,
-//! the single-table convention), or one lower-case word in every value;
-//! otherwise it is **variable**. So a handful of tenants (`acme`, `globex`)
-//! stay data, not plan text. Distinct values are counted up to
-//! a cap, so memory stays bounded whatever the sample.
+//! ([`LITERAL_MAX`]), each an upper-case word, or one lower-case word in
+//! every value; otherwise it is **variable**. So a handful of tenants
+//! (`acme`, `globex`) stay data, not plan text. Distinct values are counted
+//! up to a cap, so memory stays bounded whatever the sample.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -21,6 +27,8 @@ pub const DELIMITERS: [char; 4] = ['#', '|', ':', '/'];
 pub const LITERAL_MAX: usize = 8;
 /// Distinct values counted per variable (past it: "at least this many").
 pub const DISTINCT_CAP: usize = 4096;
+/// Pieces a time can be cut into by its `:`s (`HH:MM:SS+hh:mm`).
+const TIME_PIECES: usize = 4;
 
 /// One segment of a shape.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,29 +37,55 @@ pub enum Seg {
     Var,
 }
 
-/// The delimiter found in the most values (ties by [`DELIMITERS`] order), or
-/// none when no value holds any.
-pub fn choose_delimiter<'a>(values: impl Iterator<Item = &'a str>) -> Option<char> {
-    let mut counts = [0u64; DELIMITERS.len()];
-    for v in values {
-        for (i, d) in DELIMITERS.iter().enumerate() {
-            if v.contains(*d) {
-                counts[i] += 1;
-            }
-        }
-    }
-    let best = (0..DELIMITERS.len())
-        .filter(|&i| counts[i] > 0)
-        .max_by_key(|&i| (counts[i], std::cmp::Reverse(i)))?;
-    Some(DELIMITERS[best])
+/// The shape of one key value: its segments and what joins them. Two shapes
+/// with the same segments but different delimiters are different shapes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyShape {
+    pub segs: Vec<Seg>,
+    /// None for a value of one segment.
+    pub delimiter: Option<char>,
 }
 
-/// Split `value` on `delimiter` (one segment when there is none).
+/// `value` split on `delimiter` (one segment when there is none), with a
+/// time cut by it joined back whole.
 pub fn split(value: &str, delimiter: Option<char>) -> Vec<&str> {
-    match delimiter {
-        Some(d) => value.split(d).collect(),
-        None => vec![value],
+    let Some(d) = delimiter else {
+        return vec![value];
+    };
+    let mut bounds = Vec::new();
+    let mut start = 0;
+    for (i, c) in value.char_indices() {
+        if c == d {
+            bounds.push((start, i));
+            start = i + c.len_utf8();
+        }
     }
+    bounds.push((start, value.len()));
+    let mut out = Vec::with_capacity(bounds.len());
+    let mut i = 0;
+    while i < bounds.len() {
+        let (s, mut e) = bounds[i];
+        let mut next = i + 1;
+        if starts_with_date(&value[s..e]) && time_kind(&value[s..e]).is_none() {
+            // The longest join that is a time: `…T10:00:00+02:00`, not `…T10:00`.
+            if let Some(j) = (i + 1..bounds.len().min(i + TIME_PIECES))
+                .rev()
+                .find(|&j| time_kind(&value[s..bounds[j].1]).is_some())
+            {
+                e = bounds[j].1;
+                next = j + 1;
+            }
+        }
+        out.push(&value[s..e]);
+        i = next;
+    }
+    out
+}
+
+/// `YYYY-`: a cheap test before parsing joins as times.
+fn starts_with_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() > 5 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-'
 }
 
 fn is_word(s: &str) -> bool {
@@ -62,11 +96,12 @@ fn is_upper_word(s: &str) -> bool {
     is_word(s) && !s.chars().any(|c| c.is_ascii_lowercase())
 }
 
-/// Per number of segments, which positions are literal.
+/// Per delimiter and number of segments, which positions are literal.
 #[derive(Debug, Clone, Default)]
 pub struct Layout {
-    pub delimiter: Option<char>,
-    literal: HashMap<usize, Vec<bool>>,
+    /// Values holding each of [`DELIMITERS`]: a value's tie-break.
+    held: [u64; DELIMITERS.len()],
+    literal: HashMap<(Option<char>, usize), Vec<bool>>,
 }
 
 #[derive(Default)]
@@ -80,11 +115,20 @@ struct Position {
 impl Layout {
     /// Learn the layout of one attribute from its values.
     pub fn learn<'a>(values: impl Iterator<Item = &'a str> + Clone) -> Layout {
-        let delimiter = choose_delimiter(values.clone());
-        let mut groups: HashMap<usize, (u64, Vec<Position>)> = HashMap::new();
+        let mut held = [0u64; DELIMITERS.len()];
+        for v in values.clone() {
+            for (n, d) in held.iter_mut().zip(DELIMITERS) {
+                *n += u64::from(v.contains(d));
+            }
+        }
+        let mut layout = Layout {
+            held,
+            literal: HashMap::new(),
+        };
+        let mut groups: HashMap<(Option<char>, usize), (u64, Vec<Position>)> = HashMap::new();
         for v in values {
-            let segs = split(v, delimiter);
-            let (count, positions) = groups.entry(segs.len()).or_insert_with(|| {
+            let (delimiter, segs) = layout.split(v);
+            let (count, positions) = groups.entry((delimiter, segs.len())).or_insert_with(|| {
                 (
                     0,
                     (0..segs.len())
@@ -109,9 +153,9 @@ impl Layout {
                 }
             }
         }
-        let literal = groups
+        layout.literal = groups
             .into_iter()
-            .map(|(n, (count, positions))| {
+            .map(|(group, (count, positions))| {
                 let lit = positions
                     .iter()
                     .map(|p| {
@@ -121,23 +165,59 @@ impl Layout {
                                 || (p.words && n == 1 && count >= 2))
                     })
                     .collect();
-                (n, lit)
+                (group, lit)
             })
             .collect();
-        Layout { delimiter, literal }
+        layout
     }
 
-    /// The shape of one value under this layout.
-    pub fn shape(&self, value: &str) -> Vec<Seg> {
-        let segs = split(value, self.delimiter);
-        let lit = self.literal.get(&segs.len());
-        segs.iter()
+    /// Whether any value splits into more than one segment.
+    pub fn has_delimiter(&self) -> bool {
+        self.literal.keys().any(|(d, _)| d.is_some())
+    }
+
+    /// `value`'s delimiter (None when no split leaves two segments) and its segments.
+    pub fn split<'v>(&self, value: &'v str) -> (Option<char>, Vec<&'v str>) {
+        DELIMITERS
+            .iter()
+            .zip(self.held)
+            .enumerate()
+            .filter(|(_, (d, _))| value.contains(**d))
+            .map(|(i, (d, held))| (i, held, *d, split(value, Some(*d))))
+            .filter(|(.., segs)| segs.len() > 1)
+            .max_by_key(|(i, held, _, segs)| {
+                let words = segs.iter().filter(|s| is_upper_word(s)).count();
+                // A split that cuts no time (`device-1#2026-…T10:00Z` on `#`), before the most held.
+                let times = segs.iter().filter(|s| time_kind(s).is_some()).count();
+                (words, times, *held, std::cmp::Reverse(*i))
+            })
+            .map_or((None, vec![value]), |(.., d, segs)| (Some(d), segs))
+    }
+
+    /// The shape of one value under this layout, and its segments.
+    pub fn parts<'v>(&self, value: &'v str) -> (KeyShape, Vec<&'v str>) {
+        let (delimiter, segs) = self.split(value);
+        let lit = self.literal.get(&(delimiter, segs.len()));
+        let shape = segs
+            .iter()
             .enumerate()
             .map(|(i, s)| match lit.and_then(|l| l.get(i)) {
                 Some(true) => Seg::Lit((*s).to_string()),
                 _ => Seg::Var,
             })
-            .collect()
+            .collect();
+        (
+            KeyShape {
+                segs: shape,
+                delimiter,
+            },
+            segs,
+        )
+    }
+
+    /// The shape of one value under this layout.
+    pub fn shape(&self, value: &str) -> KeyShape {
+        self.parts(value).0
     }
 }
 
@@ -286,17 +366,79 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_delimiter_is_the_one_most_values_hold() {
-        let vals = [
-            "EVENT#2026-07-07T10:00:00Z#e1",
-            "EVENT#2026-07-07T10:00:01Z#e2",
+    fn each_value_splits_on_its_own_delimiter() {
+        // Most values of this attribute hold `:`, so a tie goes to it.
+        let l = Layout::learn(["a:b", "c:d", "e:f", "g|h"].into_iter());
+        let cases: [(&str, Option<char>, &[&str]); 14] = [
+            // The split that leaves upper-case words wins, wherever it is.
+            ("TENANT#t-1", Some('#'), &["TENANT", "t-1"]),
+            (
+                "2026-07-07|STORE|s-1",
+                Some('|'),
+                &["2026-07-07", "STORE", "s-1"],
+            ),
+            ("DEVICE:d-1", Some(':'), &["DEVICE", "d-1"]),
+            (
+                "CATALOG/c-1/ITEM/x",
+                Some('/'),
+                &["CATALOG", "c-1", "ITEM", "x"],
+            ),
+            // A time's `:` is not the key's delimiter.
+            (
+                "EVENT#2026-07-07T10:00",
+                Some('#'),
+                &["EVENT", "2026-07-07T10:00"],
+            ),
+            (
+                "EVENT#2026-07-07T10:00:00Z#e1",
+                Some('#'),
+                &["EVENT", "2026-07-07T10:00:00Z", "e1"],
+            ),
+            (
+                "2026-07-07T10:00|STORE|s-1",
+                Some('|'),
+                &["2026-07-07T10:00", "STORE", "s-1"],
+            ),
+            // Split on `:`, a time is joined back whole, its offset too.
+            (
+                "READING:2026-07-07T10:00:00+02:00",
+                Some(':'),
+                &["READING", "2026-07-07T10:00:00+02:00"],
+            ),
+            (
+                "2026-07-07T10:00:STORE:s-1",
+                Some(':'),
+                &["2026-07-07T10:00", "STORE", "s-1"],
+            ),
+            // Another delimiter inside a variable does not win over the literals'.
+            ("ORDER#a/b:c", Some('#'), &["ORDER", "a/b:c"]),
+            // No words either way: the split that keeps the time whole.
+            (
+                "d-1#2026-07-07T10:00:00Z",
+                Some('#'),
+                &["d-1", "2026-07-07T10:00:00Z"],
+            ),
+            // A true tie: the delimiter most values hold.
+            ("x|y:z", Some(':'), &["x|y", "z"]),
+            // Only a time's `:`, or none at all: one segment.
+            ("2026-07-07T10:00:00Z", None, &["2026-07-07T10:00:00Z"]),
+            ("plain", None, &["plain"]),
         ];
-        assert_eq!(choose_delimiter(vals.iter().copied()), Some('#'));
-        assert_eq!(
-            choose_delimiter(["a|b", "c|d", "e:f"].into_iter()),
-            Some('|')
-        );
-        assert_eq!(choose_delimiter(["abc", "123"].into_iter()), None);
+        for (value, delimiter, segs) in cases {
+            assert_eq!(l.split(value), (delimiter, segs.to_vec()), "{value}");
+        }
+        assert!(l.has_delimiter());
+        assert!(!Layout::learn(["abc", "2026-07-07T10:00:00Z"].into_iter()).has_delimiter());
+    }
+
+    #[test]
+    fn the_same_segments_under_two_delimiters_are_two_shapes() {
+        let vals = ["DEVICE:d-1", "DEVICE:d-2", "DEVICE#d-1", "DEVICE#d-2"];
+        let l = Layout::learn(vals.into_iter());
+        let (a, b) = (l.shape("DEVICE:d-1"), l.shape("DEVICE#d-1"));
+        assert_eq!(a.segs, vec![Seg::Lit("DEVICE".into()), Seg::Var]);
+        assert_eq!(a.segs, b.segs);
+        assert_ne!(a, b);
     }
 
     #[test]
@@ -310,13 +452,13 @@ mod tests {
         let l = Layout::learn(vals.iter().map(String::as_str));
         let lit = |s: &str| Seg::Lit(s.to_string());
         assert_eq!(
-            l.shape("CASE#c1#TASK#t1"),
+            l.shape("CASE#c1#TASK#t1").segs,
             vec![lit("CASE"), Seg::Var, lit("TASK"), Seg::Var]
         );
-        assert_eq!(l.shape("CASE#c9"), vec![lit("CASE"), Seg::Var]);
+        assert_eq!(l.shape("CASE#c9").segs, vec![lit("CASE"), Seg::Var]);
         // The date has few values but digits: variable.
         assert_eq!(
-            l.shape("CASE#c1#EVENT#2026-07-01"),
+            l.shape("CASE#c1#EVENT#2026-07-01").segs,
             vec![lit("CASE"), Seg::Var, lit("EVENT"), Seg::Var]
         );
         // A few lower-case tenants are data; one lower-case word everywhere is a literal.
@@ -327,7 +469,7 @@ mod tests {
             "tenant#initech",
         ];
         let l = Layout::learn(vals.into_iter());
-        assert_eq!(l.shape("tenant#acme"), vec![lit("tenant"), Seg::Var]);
+        assert_eq!(l.shape("tenant#acme").segs, vec![lit("tenant"), Seg::Var]);
     }
 
     #[test]

@@ -261,10 +261,193 @@ fn a_broader_rule_does_not_take_a_shape_that_needs_none() {
     }
 }
 
+/// The outside test's table: `{day}|STORE|{store}` keys, most of the items,
+/// beside a device's `DEVICE:{device}` / `READING:{time}` keys. One
+/// delimiter for the attribute left the devices one variable and no rule.
+fn stores_and_devices() -> Vec<Item> {
+    let mut v = Vec::new();
+    for n in 0..600u32 {
+        let (day, store) = if n < 380 {
+            ("2026-07-07", 0)
+        } else {
+            (["2026-07-06", "2026-07-07"][n as usize % 2], 1 + n % 10)
+        };
+        v.push(item(
+            &format!("{day}|STORE|s-{store:02}"),
+            &format!("SALE|{:08x}", n.wrapping_mul(2_654_435_761)),
+        ));
+    }
+    for n in 0..400u32 {
+        let device = if n < 90 { 0 } else { 1 + n % 30 };
+        v.push(item(
+            &format!("DEVICE:d-{device:02}"),
+            &format!(
+                "READING:2026-07-07T{:02}:{:02}:{:02}Z",
+                n / 60 % 24,
+                n % 60,
+                n % 7
+            ),
+        ));
+    }
+    v
+}
+
+#[test]
+fn mixed_delimiters_single_table_each_shape_found() {
+    let items = stores_and_devices();
+    let key = schema(ScalarType::S, Some(ScalarType::S));
+    let s = suggest("t", &key, &sample_of(&items), &opts(20000.0));
+    assert_eq!(s.verdict, Verdict::Plan);
+    let texts: Vec<(&str, Option<&str>)> = s
+        .shapes
+        .iter()
+        .map(|r| (r.pk.as_str(), r.sk.as_deref()))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            ("{day}|STORE|{store}", Some("SALE|{sale}")),
+            ("DEVICE:{device}", Some("READING:{reading}")),
+        ]
+    );
+    let (store, device) = (&s.shapes[0], &s.shapes[1]);
+    // 38 % of 20,000 writes/s over a 500 budget: 15.2, so 16.
+    assert_eq!(
+        store.action,
+        Action::Shard {
+            shards: 16,
+            capture: "sale".into()
+        }
+    );
+    assert_eq!(
+        store.rule.as_ref().unwrap().key_pk,
+        "{day}|STORE|{store}|SHARD|{shard(sale, 16):02}"
+    );
+    // 9 %: 1,800 WCU/s, 4 shards; the reading's time offers an hour bucket in `:`s.
+    assert_eq!(
+        device.action,
+        Action::Shard {
+            shards: 4,
+            capture: "reading".into()
+        }
+    );
+    assert_eq!(
+        device.bucket.as_deref(),
+        Some("HOUR:{bucket(reading, hour)}")
+    );
+    assert_eq!(
+        device.rule.as_ref().unwrap().key_pk,
+        "DEVICE:{device}:HOUR:{bucket(reading, hour)}:SHARD:{shard(reading, 4)}"
+    );
+    let plan = plan_of(&s);
+    for i in &items {
+        let Outcome::Put { rule, item } = transform(&plan, i) else {
+            panic!("{i:?}")
+        };
+        assert!(rule.is_some(), "{i:?}");
+        assert_ne!(item.get("PK"), i.get("PK"), "{i:?}");
+        assert_eq!(item.get("SK"), i.get("SK"));
+    }
+}
+
+/// Items of one shape, `{k}` a key (one hot), `{n}` an id, `{t}` a time.
+fn one_shape(pk: &str, sk: &str) -> Vec<Item> {
+    (0..200u32)
+        .map(|n| {
+            let k = if n < 100 { 0 } else { 1 + n % 10 };
+            let fill = |p: &str| {
+                p.replace("{k}", &format!("t-{k:02}"))
+                    .replace("{n}", &format!("ord-{n:05}"))
+                    .replace(
+                        "{t}",
+                        &format!("2026-07-07T{:02}:{:02}:00Z", n % 24, n % 60),
+                    )
+            };
+            item(&fill(pk), &fill(sk))
+        })
+        .collect()
+}
+
+#[test]
+fn the_rule_the_bucket_and_the_shards_take_the_shapes_own_delimiters() {
+    // (PK, SK) → the shape, and the new PK; half the writes on one key: 4 shards.
+    let cases = [
+        (
+            "TENANT#{k}",
+            "ORDER#{n}",
+            "TENANT#{tenant}",
+            "ORDER#{order}",
+            "TENANT#{tenant}#SHARD#{shard(order, 4)}",
+        ),
+        (
+            "TENANT|{k}",
+            "ORDER|{n}",
+            "TENANT|{tenant}",
+            "ORDER|{order}",
+            "TENANT|{tenant}|SHARD|{shard(order, 4)}",
+        ),
+        (
+            "TENANT:{k}",
+            "ORDER:{n}",
+            "TENANT:{tenant}",
+            "ORDER:{order}",
+            "TENANT:{tenant}:SHARD:{shard(order, 4)}",
+        ),
+        (
+            "TENANT/{k}",
+            "ORDER/{n}",
+            "TENANT/{tenant}",
+            "ORDER/{order}",
+            "TENANT/{tenant}/SHARD/{shard(order, 4)}",
+        ),
+        // The partition key's delimiter, not the sort key's, joins the bucket and the shard.
+        (
+            "SOURCE|{k}",
+            "EVENT#{t}#{n}",
+            "SOURCE|{source}",
+            "EVENT#{event}#{ord_id}",
+            "SOURCE|{source}|HOUR|{bucket(event, hour)}|SHARD|{shard(ord_id, 4)}",
+        ),
+        (
+            "{k}",
+            "ORDER:{n}",
+            "{id}",
+            "ORDER:{order}",
+            "{id}:SHARD:{shard(order, 4)}",
+        ),
+        (
+            "T/{k}",
+            "{t}",
+            "T/{t}",
+            "{ts}",
+            "T/{t}/HOUR/{bucket(ts, hour)}/SHARD/{shard(ts, 4)}",
+        ),
+    ];
+    let key = schema(ScalarType::S, Some(ScalarType::S));
+    for (pk, sk, want_pk, want_sk, want_key) in cases {
+        let items = one_shape(pk, sk);
+        let s = suggest("t", &key, &sample_of(&items), &opts(3000.0));
+        assert_eq!(s.shapes.len(), 1, "{pk} / {sk}: {:#?}", s.shapes);
+        let r = &s.shapes[0];
+        assert_eq!((r.pk.as_str(), r.sk.as_deref()), (want_pk, Some(want_sk)));
+        let rule = r.rule.as_ref().unwrap_or_else(|| panic!("{pk}: {r:#?}"));
+        assert_eq!(rule.key_pk, want_key);
+        let plan = plan_of(&s);
+        for i in &items {
+            let Outcome::Put { rule, .. } = transform(&plan, i) else {
+                panic!("{i:?}")
+            };
+            assert!(rule.is_some(), "{i:?}");
+        }
+    }
+}
+
 fn arb_items() -> impl Strategy<Value = Vec<Item>> {
     let lit = prop::sample::select(vec!["TENANT", "DAY", "CASE", "TASK", "EVENT", "ORDER"]);
     let shape = prop::collection::vec(prop::option::of(lit), 1..5);
-    let shapes = prop::collection::vec((shape.clone(), shape), 1..4);
+    let delim = prop::sample::select(shape::DELIMITERS.to_vec());
+    // Each attribute's shapes in any of the delimiters, mixed in one table.
+    let shapes = prop::collection::vec(((shape.clone(), delim.clone()), (shape, delim)), 1..4);
     (shapes, 1usize..300, any::<u64>()).prop_map(|(shapes, n, seed)| {
         let mut x = seed | 1;
         let mut next = move || {
@@ -273,14 +456,14 @@ fn arb_items() -> impl Strategy<Value = Vec<Item>> {
             x ^= x << 17;
             x
         };
-        let value = |segs: &[Option<&str>], next: &mut dyn FnMut() -> u64| {
+        let value = |(segs, d): &(Vec<Option<&str>>, char), next: &mut dyn FnMut() -> u64| {
             segs.iter()
                 .map(|s| match s {
                     Some(l) => l.to_string(),
                     None => format!("v{}", next() % 7),
                 })
                 .collect::<Vec<_>>()
-                .join("#")
+                .join(&d.to_string())
         };
         (0..n)
             .map(|i| {

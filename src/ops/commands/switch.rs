@@ -53,10 +53,21 @@ fn drain_text(report: &DrainReport) -> String {
             "drained: the {} applied every write made before barrier {} ({:.1} s)\n",
             report.direction, report.barrier, report.waited_seconds
         )
-    } else {
+    } else if report.waiting_on.is_empty() {
         format!(
             "not drained: the {} did not report barrier {} within {:.0} s — is it running and keeping up?\n",
             report.direction, report.barrier, report.waited_seconds
+        )
+    } else {
+        format!(
+            "not drained: the {} did not report barrier {} within {:.0} s; still waiting for shard(s) {} \
+             to show a record from after it (a shard no marker key reaches, such as a partition split by \
+             sort key under one hot key, proves itself only by its own writes or by closing: wait, or \
+             raise --timeout)\n",
+            report.direction,
+            report.barrier,
+            report.waited_seconds,
+            report.waiting_on.join(", ")
         )
     }
 }

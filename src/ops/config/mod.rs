@@ -682,6 +682,7 @@ fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
                 .transpose()?,
             poll: tail_options(&state_dir).poll_interval,
             rejects: state_dir.worker_tail_rejects(&worker_id),
+            markers: state_dir.markers(),
             stop: backfill.stop.child_token(),
         }),
     };

@@ -343,6 +343,8 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
             }
             Tail => {
                 n.source.insert("dynamodb:DescribeTable");
+                // Probes: markers that make quiet stream shards show a record.
+                n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
                 n.stream.extend([
                     "dynamodb:DescribeStream",
                     "dynamodb:GetShardIterator",
@@ -359,6 +361,8 @@ fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
                 }
             }
             Verify => {
+                // The stream watch's probes while it waits.
+                n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
                 n.source.extend([
                     "dynamodb:DescribeTable",
                     "dynamodb:Scan",

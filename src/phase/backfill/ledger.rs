@@ -2,6 +2,7 @@
 //! committed together, one page at a time.
 
 use super::*;
+use std::collections::BTreeSet;
 
 /// Shared state of a run: counters, rejects file, checkpoint commits.
 pub(super) struct Ledger {
@@ -63,5 +64,151 @@ impl Ledger {
             "checkpoint committed"
         );
         Ok(())
+    }
+}
+
+/// Where a Scan segment resumes after a page: done, after a key, or — a stop
+/// came in the middle of a page — from a page's start again, skipping the
+/// items already counted (named by [`super::page::digest`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Resume {
+    Done,
+    After(Item),
+    Partial {
+        /// The page's start (None: the segment's beginning).
+        from: Option<Item>,
+        done: Vec<String>,
+    },
+}
+
+/// A page read from `from` up to `next`, over a checkpoint that carried
+/// `carried` (the re-read met `met` of them, skipped), whose processing
+/// settled `partial` (None: all of it).
+pub(crate) struct PageEnd {
+    pub(crate) from: Option<Item>,
+    pub(crate) next: Option<Item>,
+    pub(crate) carried: BTreeSet<String>,
+    pub(crate) met: BTreeSet<String>,
+    pub(crate) partial: Option<Vec<String>>,
+}
+
+impl PageEnd {
+    /// The checkpoint after the page. Stopped mid-page: the same start, and
+    /// every item counted so far. Whole: after the page, still carrying the
+    /// counted items it did not meet — a re-read under live writes can end
+    /// its page earlier, and they may be in the next one.
+    pub(crate) fn resume(self) -> Resume {
+        let PageEnd {
+            from,
+            next,
+            mut carried,
+            met,
+            partial,
+        } = self;
+        if let Some(done) = partial {
+            carried.extend(done);
+            return Resume::Partial {
+                from,
+                done: carried.into_iter().collect(),
+            };
+        }
+        let Some(next) = next else {
+            return Resume::Done;
+        };
+        carried.retain(|d| !met.contains(d));
+        if carried.is_empty() {
+            Resume::After(next)
+        } else {
+            Resume::Partial {
+                from: Some(next),
+                done: carried.into_iter().collect(),
+            }
+        }
+    }
+}
+
+/// Of a page's items, those not counted before a stop (`carried`), and the
+/// digests of those that were (skipped now: counted once).
+pub(crate) fn skip_counted(
+    plan: &Plan,
+    items: Vec<Item>,
+    carried: &BTreeSet<String>,
+) -> (Vec<Item>, BTreeSet<String>) {
+    if carried.is_empty() {
+        return (items, BTreeSet::new());
+    }
+    let names = plan.source_key.names();
+    let mut met = BTreeSet::new();
+    let keep = items
+        .into_iter()
+        .filter(|it| match super::page::digest(it, &names) {
+            Some(d) if carried.contains(&d) => {
+                met.insert(d);
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    (keep, met)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(pk: &str) -> Item {
+        let mut k = Item::new();
+        k.insert("PK".into(), Value::S(pk.into()));
+        k
+    }
+
+    fn set(ds: &[&str]) -> BTreeSet<String> {
+        ds.iter().map(|d| d.to_string()).collect()
+    }
+
+    fn end(carried: &[&str], met: &[&str], partial: Option<&[&str]>) -> PageEnd {
+        PageEnd {
+            from: Some(key("a")),
+            next: Some(key("z")),
+            carried: set(carried),
+            met: set(met),
+            partial: partial.map(|p| p.iter().map(|d| d.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn a_whole_page_resumes_after_it() {
+        assert_eq!(end(&[], &[], None).resume(), Resume::After(key("z")));
+        let last = PageEnd {
+            next: None,
+            ..end(&["x"], &[], None)
+        };
+        assert_eq!(last.resume(), Resume::Done, "a finished segment forgets");
+    }
+
+    #[test]
+    fn a_stop_resumes_from_the_pages_start_with_everything_counted() {
+        assert_eq!(
+            end(&["c"], &["c"], Some(&["d", "b"])).resume(),
+            Resume::Partial {
+                from: Some(key("a")),
+                done: vec!["b".into(), "c".into(), "d".into()],
+            }
+        );
+    }
+
+    #[test]
+    fn counted_items_not_met_again_are_carried_to_the_next_page() {
+        assert_eq!(
+            end(&["b", "c"], &["b", "c"], None).resume(),
+            Resume::After(key("z"))
+        );
+        assert_eq!(
+            end(&["b", "c"], &["b"], None).resume(),
+            Resume::Partial {
+                from: Some(key("z")),
+                done: vec!["c".into()],
+            }
+        );
     }
 }

@@ -98,8 +98,9 @@ pub struct BackfillOptions {
     pub from_export: Option<String>,
     /// Export data files read at once.
     pub export_files_in_parallel: usize,
-    /// Cancelled (Ctrl-C, SIGTERM): finish the pages in flight, checkpoint
-    /// them, publish a stopped status and return `Stopped`.
+    /// Cancelled (Ctrl-C, SIGTERM): send no more writes, checkpoint the
+    /// written part of the pages in flight, publish a stopped status and
+    /// return `Stopped`.
     pub stop: CancellationToken,
     /// In place only: remove what the plan added instead (`rekey undo`), with
     /// checkpoints of its own.
@@ -122,7 +123,24 @@ enum SegState {
     Pending,
     /// Resume after this key (DynamoDB JSON).
     After(Item),
+    /// Stopped mid-page: read again from `from` (None: the beginning),
+    /// skipping the items named in `done` (digests of their source keys),
+    /// already written and counted.
+    Partial {
+        from: Option<Item>,
+        done: Vec<String>,
+    },
     Done,
+}
+
+impl From<Resume> for SegState {
+    fn from(r: Resume) -> SegState {
+        match r {
+            Resume::Done => SegState::Done,
+            Resume::After(k) => SegState::After(k),
+            Resume::Partial { from, done } => SegState::Partial { from, done },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -492,7 +510,16 @@ mod tests {
     fn segment_states_round_trip_through_json() {
         let mut k = Item::new();
         k.insert("PK".into(), Value::S("a".into()));
-        for s in [SegState::Pending, SegState::After(k), SegState::Done] {
+        let partial = SegState::Partial {
+            from: Some(k.clone()),
+            done: vec!["0123".into()],
+        };
+        for s in [
+            SegState::Pending,
+            SegState::After(k),
+            partial,
+            SegState::Done,
+        ] {
             let j = serde_json::to_string(&s).unwrap();
             let back: SegState = serde_json::from_str(&j).unwrap();
             assert_eq!(serde_json::to_string(&back).unwrap(), j);

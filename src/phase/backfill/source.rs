@@ -2,6 +2,7 @@
 //! each page committed once its writes are acknowledged.
 
 use super::*;
+use std::collections::BTreeSet;
 
 /// What both sources need to turn pages into committed writes.
 pub(super) struct Drive<'a> {
@@ -56,6 +57,85 @@ async fn commit_page(
     }
 }
 
+/// What a Scan's page handler shares across pages and segments.
+pub(super) struct ScanPages {
+    writer: Arc<Writer>,
+    ledger: Arc<Mutex<Ledger>>,
+    plan: Arc<Plan>,
+    consumed_rcu: Arc<Mutex<f64>>,
+    live: Arc<AtomicU64>,
+    import: Option<Arc<ImportSink>>,
+    stop: CancellationToken,
+    direction: Option<Direction>,
+    /// Per segment: the items a stop checkpointed mid-page (digests), to
+    /// skip when they are read again.
+    carried: Arc<std::sync::Mutex<HashMap<u32, BTreeSet<String>>>>,
+}
+
+impl ScanPages {
+    /// One page: its items not already counted processed, then committed
+    /// with where the segment resumes. A page that settled nothing on a
+    /// stop commits nothing: it is read again as it was.
+    async fn page(&self, mut page: Page) -> anyhow::Result<()> {
+        *self.consumed_rcu.lock().await += page.consumed;
+        let carried = self.carried_of(page.segment);
+        let (items, met) = skip_counted(&self.plan, std::mem::take(&mut page.items), &carried);
+        let stream = core_import::segment_stream(page.segment);
+        let to = put(&self.writer, &self.import, &stream);
+        let step = PageStep {
+            direction: self.direction,
+            stop: &self.stop,
+            room: MAX_SETTLED.saturating_sub(carried.len()),
+        };
+        let mut settled = process_page(to, &self.ledger, &self.plan, items, step).await?;
+        match &settled.partial {
+            // Items of types rekey cannot read have no key to name: counted
+            // when their page is whole (a stopped page is read again).
+            None => {
+                settled.counts.scanned += page.unreadable;
+                settled.counts.rejected += page.unreadable;
+            }
+            Some(done) if done.is_empty() => return Ok(()),
+            Some(_) => {}
+        }
+        self.live
+            .fetch_add(settled.counts.scanned, Ordering::Relaxed);
+        let end = PageEnd {
+            from: page.from,
+            next: page.next,
+            carried,
+            met,
+            partial: settled.partial,
+        };
+        let resume = end.resume();
+        let last = matches!(resume, Resume::Done) || self.stop.is_cancelled();
+        let still = match &resume {
+            Resume::Partial { done, .. } => done.iter().cloned().collect(),
+            _ => BTreeSet::new(),
+        };
+        let done = PageDone {
+            key: self.ledger.lock().await.keys.seg(page.segment),
+            state: serde_json::to_value(SegState::from(resume))?,
+            counts: settled.counts,
+            rejects: settled.rejects,
+            last,
+        };
+        commit_page(&self.ledger, &self.import, &stream, done).await?;
+        self.set_carried(page.segment, still);
+        Ok(())
+    }
+
+    fn carried_of(&self, segment: u32) -> BTreeSet<String> {
+        let m = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&segment).cloned().unwrap_or_default()
+    }
+
+    fn set_carried(&self, segment: u32, done: BTreeSet<String>) {
+        let mut m = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(segment, done);
+    }
+}
+
 /// How far one export data file is done.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,12 +166,17 @@ impl Drive<'_> {
 
     pub(super) async fn scan(&self, segments: u32, page_limit: Option<i32>) -> anyhow::Result<()> {
         let mut starts = Vec::with_capacity(segments as usize);
+        let mut carried = HashMap::new();
         {
             let l = self.ledger.lock().await;
             for n in 0..segments {
                 starts.push(match l.store.get::<SegState>(&l.keys.seg(n))? {
                     None | Some(SegState::Pending) => SegmentStart::Beginning,
                     Some(SegState::After(k)) => SegmentStart::After(k),
+                    Some(SegState::Partial { from, done }) => {
+                        carried.insert(n, done.into_iter().collect());
+                        from.map_or(SegmentStart::Beginning, SegmentStart::After)
+                    }
                     Some(SegState::Done) => SegmentStart::Done,
                 });
             }
@@ -103,57 +188,26 @@ impl Drive<'_> {
             consistent_read: false,
             stop: self.stop.clone(),
         };
-        let (writer, ledger, plan, consumed_rcu, live) = (
-            self.writer.clone(),
-            self.ledger.clone(),
-            self.plan.clone(),
-            self.consumed_rcu.clone(),
-            self.live.clone(),
-        );
-        let (direction, import, stop) = (self.direction, self.import.clone(), self.stop.clone());
+        let pages = ScanPages {
+            writer: self.writer.clone(),
+            ledger: self.ledger.clone(),
+            plan: self.plan.clone(),
+            consumed_rcu: self.consumed_rcu.clone(),
+            live: self.live.clone(),
+            import: self.import.clone(),
+            stop: self.stop.clone(),
+            direction: self.direction,
+            carried: Arc::new(std::sync::Mutex::new(carried)),
+        };
+        let pages = Arc::new(pages);
         scan::scan(
             self.clients,
             &scan_opts,
             starts,
             self.control.clone(),
-            move |mut page: Page| {
-                let (writer, ledger, plan, consumed_rcu, live, import, stop) = (
-                    writer.clone(),
-                    ledger.clone(),
-                    plan.clone(),
-                    consumed_rcu.clone(),
-                    live.clone(),
-                    import.clone(),
-                    stop.clone(),
-                );
-                async move {
-                    *consumed_rcu.lock().await += page.consumed;
-                    let stream = core_import::segment_stream(page.segment);
-                    let to = put(&writer, &import, &stream);
-                    let (mut counts, rejects) = process_page(
-                        to,
-                        &ledger,
-                        &plan,
-                        std::mem::take(&mut page.items),
-                        direction,
-                    )
-                    .await?;
-                    counts.scanned += page.unreadable;
-                    counts.rejected += page.unreadable;
-                    live.fetch_add(counts.scanned, Ordering::Relaxed);
-                    let state = match &page.next {
-                        Some(k) => SegState::After(k.clone()),
-                        None => SegState::Done,
-                    };
-                    let done = PageDone {
-                        key: ledger.lock().await.keys.seg(page.segment),
-                        state: serde_json::to_value(&state)?,
-                        counts,
-                        rejects,
-                        last: page.next.is_none() || stop.is_cancelled(),
-                    };
-                    commit_page(&ledger, &import, &stream, done).await
-                }
+            move |page: Page| {
+                let pages = pages.clone();
+                async move { pages.page(page).await }
             },
         )
         .await
@@ -221,8 +275,18 @@ impl Drive<'_> {
         let (key, stream) = (&key, &stream);
         let whole = read_file_pages(reader, file, read, move |p: FilePage| async move {
             let to = put(&self.writer, &self.import, stream);
-            let (mut counts, mut rejects) =
-                process_page(to, &self.ledger, &self.plan, p.items, None).await?;
+            let step = PageStep {
+                direction: None,
+                stop: &self.stop,
+                room: 0,
+            };
+            let settled = process_page(to, &self.ledger, &self.plan, p.items, step).await?;
+            if settled.partial.is_some() {
+                // Stopped mid-page: an export page is a few hundred lines,
+                // read again from the file's last commit.
+                return Ok(());
+            }
+            let (mut counts, mut rejects) = (settled.counts, settled.rejects);
             let mut bad = p.bad;
             counts.scanned += bad.len() as u64;
             counts.rejected += bad.len() as u64;

@@ -18,6 +18,24 @@ const GATHER: Duration = Duration::from_millis(50);
 /// Per written item: its index in the page, and why it was refused, if it was.
 pub(super) type Refusals = Vec<(usize, Option<String>)>;
 
+/// What became of one item handed to the writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Answer {
+    Written,
+    /// DynamoDB refused it: why.
+    Refused(String),
+    /// A stop came before its batch was answered. It may or may not have
+    /// landed, so it is neither counted nor checkpointed: a resume writes it
+    /// again (a plain put of the same image, harmless).
+    Unanswered,
+}
+
+impl Answer {
+    pub(super) fn of_refusal(refused: Option<String>) -> Answer {
+        refused.map_or(Answer::Written, Answer::Refused)
+    }
+}
+
 /// The write side: batches under the table budget and a per-key limit.
 pub(super) struct Writer {
     pub(super) clients: Clients,
@@ -71,10 +89,16 @@ impl Writer {
 
     /// Write items (distinct target keys) in batches of 25, interleaved across
     /// target keys and paced per key: a Scan returns items clustered by the old
-    /// key, and each old key fans out to few new ones. Returns, per item, None
-    /// (written) or why DynamoDB refused it.
-    pub(super) async fn write(&self, items: &[Item]) -> anyhow::Result<Vec<Option<String>>> {
-        self.write_fenced(items, &|| true).await
+    /// key, and each old key fans out to few new ones. Returns what became
+    /// of each item; once `stop` is cancelled no batch is sent, and those
+    /// waiting (on the budget, a key's pace, a backoff) or in flight are
+    /// abandoned: a stop's time does not grow with the page or the rate.
+    pub(super) async fn write(
+        &self,
+        items: &[Item],
+        stop: &CancellationToken,
+    ) -> anyhow::Result<Vec<Answer>> {
+        self.write_fenced(items, &|| true, stop).await
     }
 
     /// One of the `concurrency` requests in flight: taken after the pacing,
@@ -94,7 +118,8 @@ impl Writer {
         &self,
         items: &[Item],
         fence: &(dyn Fn() -> bool + Sync),
-    ) -> anyhow::Result<Vec<Option<String>>> {
+        stop: &CancellationToken,
+    ) -> anyhow::Result<Vec<Answer>> {
         let n = items.len();
         let mut by_key: HashMap<String, Vec<(usize, &Item)>> = HashMap::new();
         for (i, it) in items.iter().enumerate() {
@@ -127,18 +152,38 @@ impl Writer {
         }
         // The futures made first (lazily: none runs before it is polled), so
         // that the stream holds no closure over the batches' borrows.
-        let sends: Vec<_> = batches.into_iter().map(|b| self.send(b, fence)).collect();
-        let results: Vec<anyhow::Result<Refusals>> = stream::iter(sends)
+        let sends: Vec<_> = batches
+            .into_iter()
+            .map(|b| self.send_unless_stopped(b, fence, stop))
+            .collect();
+        let results: Vec<anyhow::Result<Option<Refusals>>> = stream::iter(sends)
             .buffer_unordered(self.concurrency)
             .collect()
             .await;
-        let mut out = vec![None; n];
+        let mut out = vec![Answer::Unanswered; n];
         for r in results {
-            for (i, refused) in r.context("backfill write failed")? {
-                out[i] = refused;
+            for (i, refused) in r.context("backfill write failed")?.unwrap_or_default() {
+                out[i] = Answer::of_refusal(refused);
             }
         }
         Ok(out)
+    }
+
+    /// [`Writer::send`], or None once `stop` is cancelled: the batch is
+    /// dropped wherever it waits. Dropping is safe: its in-flight count and
+    /// budget are settled by their guards, and its items stay unanswered.
+    async fn send_unless_stopped(
+        &self,
+        batch: Vec<(String, usize, &Item)>,
+        fence: &(dyn Fn() -> bool + Sync),
+        stop: &CancellationToken,
+    ) -> anyhow::Result<Option<Refusals>> {
+        tokio::select! {
+            // A stop wins over an answer that is also ready: no batch after it.
+            biased;
+            () = stop.cancelled() => Ok(None),
+            r = self.send(batch, fence) => r.map(Some),
+        }
     }
 
     /// One batch: paced per key, then sent in one of the slots, fenced.

@@ -9,47 +9,26 @@
 //! like every other write, and true once written, since that commit follows
 //! the acknowledgement of every write of the shard up to the marker.
 //!
-//! Records of other shards are ordered only against themselves, and the
-//! holders are other machines whose clocks may disagree by any offset. So no
-//! worker's clock is compared with another's: each `SHARD#` unit carries a
-//! counter, `drains`, that its holder bumps in a fenced commit each time a
-//! read of the shard came back empty while live (at its end, everything
-//! read before applied). Once drain sees the observation it takes a
-//! snapshot: the stream's shard list, described *after* it saw the
-//! observation (so after the marker's write: every shard that could hold an
-//! earlier write is listed — the fleet's own `SHARD#` items could miss one
-//! that no worker has discovered yet, and a shard without a unit counts
-//! from 0), and each listed shard's counter as read in the Query that found
-//! the observation (a consistent read sent after the marker's write
-//! returned). The barrier is complete when every listed shard other than
-//! the marker's is done, or its counter is at least two past the snapshot:
-//! the commit of the first bump came after the snapshot's read (which saw
-//! the value below it), and the read behind the second bump started after
-//! that commit — in its holder's order, or after the take of a holder that
-//! found it — so after the marker's write, and it found the shard drained
-//! with everything applied. One bump is not enough: its read may have
-//! started before the marker's write and committed late.
-//!
-//! A shard whose writes never pause may never read empty. As on one machine,
-//! it has also moved past the barrier once it has applied a record created
-//! in a later second than the marker: creation times are the stream's own
-//! (DynamoDB's), not a worker's, and a shard's records are applied in order.
+//! As on one machine ([`super`]), the barrier writes markers under many
+//! keys, in rounds, until every shard has applied a record from after its
+//! start: each shard's holder commits the newest proof it applied
+//! (`record_at`, [`crate::aws::streams::evidence`]) in the same fenced
+//! commit as its cursor, and the barrier is complete once the fleet's
+//! proven instant ([`crate::aws::streams::through`] over the shards listed
+//! after the barrier began and every unit) reaches the barrier's start. An
+//! empty read proves nothing. No worker's clock is compared with another's:
+//! a marker carries the start as drain's clock wrote it.
 //!
 //! A stopped holder's shard (SIGSTOP, a partition, a crash before its lease
-//! expires) moves no counter: the barrier waits until it resumes or another
-//! worker takes the shard over and drains it.
+//! expires) proves nothing new: the barrier waits until it resumes or another
+//! worker takes the shard over.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-
-use super::{DrainReport, new_id};
-use crate::aws::streams::{self, ShardInfo};
-use crate::aws::{Clients, item};
-use crate::core::marker::marker_item_in;
+use super::{DrainReport, Markers, ROUND_EVERY, new_id, round_size};
+use crate::aws::Clients;
+use crate::aws::streams::{self, ShardInfo, ShardThrough, now_secs, through};
 use crate::core::plan::Plan;
-use crate::phase::error::InputError;
 use crate::phase::tail::{Flow, source_stream};
 use crate::state::fleet::shard::ShardUnit;
 use crate::state::fleet::{Fleet, FleetRef};
@@ -57,16 +36,11 @@ use crate::state::fleet::{Fleet, FleetRef};
 /// How often drain reads the shards' units while it waits.
 const POLL: Duration = Duration::from_millis(250);
 
-/// A barrier observed by the fleet's tail, with drain's snapshot.
-#[derive(Debug, Clone, PartialEq)]
+/// A barrier in the fleet: its start, and the shards listed after it began.
+#[derive(Debug, Clone)]
 pub struct FleetBarrier {
-    /// The shard whose holder applied the marker.
-    pub shard: String,
-    /// The marker record's creation time (the stream's clock).
-    pub marker_at: f64,
-    /// Every shard to wait for → its `drains` counter at the snapshot (0:
-    /// no unit yet).
-    pub counters: BTreeMap<String, u64>,
+    pub started_at: f64,
+    pub listed: Vec<ShardInfo>,
 }
 
 /// Where barrier `id` was observed: (shard, the marker's creation time).
@@ -76,52 +50,60 @@ pub fn observed(id: &str, shards: &[ShardUnit]) -> Option<(String, f64)> {
         .find_map(|u| u.barriers.get(id).map(|at| (u.id.clone(), *at)))
 }
 
-/// The snapshot, taken once the observation is seen: the shards `listed`
-/// by a DescribeStream made after that, and any unit not done that the list
-/// lacks, each with its counter in `shards` (read with the observation).
-pub fn snapshot(
-    shard: &str,
-    marker_at: f64,
-    listed: &[ShardInfo],
-    shards: &[ShardUnit],
-) -> FleetBarrier {
-    let counter = |id: &str| {
-        shards
-            .iter()
-            .find(|u| u.id == id)
-            .map_or(0, |u| u.cp.drains)
-    };
-    let mut counters: BTreeMap<String, u64> = listed
+/// The shards barrier `b` still waits for: a listed shard no worker has
+/// taken yet, or a leaf whose proof (or its nearest ancestor's) is older
+/// than the barrier's start. Empty: complete.
+pub fn fleet_barrier_waits_on(b: &FleetBarrier, shards: &[ShardUnit]) -> Vec<String> {
+    let mut waits: Vec<String> = b
+        .listed
         .iter()
-        .map(|l| (l.id.clone(), counter(&l.id)))
+        .filter(|l| !shards.iter().any(|u| u.id == l.id))
+        .map(|l| l.id.clone())
         .collect();
-    for u in shards.iter().filter(|u| !u.cp.done) {
-        counters.entry(u.id.clone()).or_insert(u.cp.drains);
+    let view: Vec<ShardThrough> = shards
+        .iter()
+        .map(|u| ShardThrough {
+            id: &u.id,
+            parent: u.parent.as_deref(),
+            record_at: u.cp.record_at,
+        })
+        .collect();
+    let parents: std::collections::HashSet<&str> =
+        shards.iter().filter_map(|u| u.parent.as_deref()).collect();
+    for u in shards.iter().filter(|u| !parents.contains(u.id.as_str())) {
+        let one: Vec<ShardThrough> = view
+            .iter()
+            .filter(|v| v.id == u.id || is_ancestor(shards, v.id, &u.id))
+            .cloned()
+            .collect();
+        if through(&one).is_none_or(|t| t < b.started_at) {
+            waits.push(u.id.clone());
+        }
     }
-    FleetBarrier {
-        shard: shard.into(),
-        marker_at,
-        counters,
-    }
+    waits
 }
 
-/// Whether every shard of the snapshot has moved past the barrier (see the
-/// module docs): done, drained twice since, or applied a record from a later
-/// second than the marker's. A shard without a unit has not.
-pub fn fleet_barrier_complete(b: &FleetBarrier, shards: &[ShardUnit]) -> bool {
-    b.counters.iter().all(|(id, at)| {
-        if *id == b.shard {
+/// Whether `a` is an ancestor of `id` among the units.
+fn is_ancestor(shards: &[ShardUnit], a: &str, id: &str) -> bool {
+    let mut cur = shards
+        .iter()
+        .find(|u| u.id == id)
+        .and_then(|u| u.parent.as_deref());
+    let mut hops = 0;
+    while let Some(p) = cur {
+        if p == a {
             return true;
         }
-        let Some(u) = shards.iter().find(|u| u.id == *id) else {
-            return false;
-        };
-        u.cp.done
-            || u.cp.drains >= at + 2
-            || u.cp
-                .record_at
-                .is_some_and(|r| r >= b.marker_at.floor() + 1.0)
-    })
+        cur = shards
+            .iter()
+            .find(|u| u.id == p)
+            .and_then(|u| u.parent.as_deref());
+        hops += 1;
+        if hops > 10_000 {
+            break;
+        }
+    }
+    false
 }
 
 /// Whether the fleet has a tail: a `worker --tail` has created the stream's
@@ -131,54 +113,57 @@ pub async fn fleet_has_tail(clients: &Clients, at: &FleetRef) -> anyhow::Result<
     Ok(!fleet.read_shards().await?.is_empty())
 }
 
-/// Writes a marker into the source, deletes it, and waits until the fleet's
-/// tail has applied every source write made before it. `complete: false`
-/// when `timeout` passed first.
+/// Writes markers into the source, in rounds, until the fleet's tail has
+/// applied every source write made before the barrier began. `complete:
+/// false` when `timeout` passed first (the report names the shards waited on).
 pub async fn drain_fleet(
     clients: &Clients,
     plan: &Plan,
     at: &FleetRef,
-    timeout: Duration,
+    opts: &super::DrainOptions,
 ) -> anyhow::Result<DrainReport> {
+    let timeout = opts.timeout;
+    let ledger = opts.state_dir.markers();
     let fleet = Fleet::open(clients, at, "drain");
     let info = clients.describe_table(&plan.source_table).await?;
     let stream = source_stream(&info, Flow::Forward)?;
     let id = new_id();
-    let marker = marker_item_in(&plan.source_key, &plan.source_table, &id).map_err(InputError)?;
     let started = Instant::now();
-    item::put_item(clients, &plan.source_table, &marker)
-        .await
-        .context("writing the drain marker")?;
-    item::delete_item(clients, &plan.source_table, &marker)
-        .await
-        .context("deleting the drain marker")?;
-    let report = |complete: bool| DrainReport {
-        direction: "fleet's tail",
-        barrier: id.clone(),
-        complete,
-        waited_seconds: started.elapsed().as_secs_f64(),
+    let started_at = now_secs();
+    let listed = streams::describe_shards(clients, &stream).await?;
+    let open = listed.iter().filter(|s| !s.closed).count();
+    let markers = Markers {
+        clients,
+        key: &plan.source_key,
+        table: &plan.source_table,
+        id: &id,
+        started_at,
+        ledger: &ledger,
     };
-    let mut barrier: Option<FleetBarrier> = None;
+    let mut written = markers.round(0, round_size(open)).await?;
+    let mut round_at = Instant::now();
+    let b = FleetBarrier { started_at, listed };
     loop {
         let shards = fleet.read_shards().await?;
-        if barrier.is_none()
-            && let Some((shard, marker_at)) = observed(&id, &shards)
-        {
-            // Described after the observation was seen, so after the marker's write.
-            let listed = streams::describe_shards(clients, &stream).await?;
-            let b = snapshot(&shard, marker_at, &listed, &shards);
-            tracing::info!(barrier = %id, shard = %shard, counters = ?b.counters, "fleet barrier observed");
-            barrier = Some(b);
-            continue;
-        }
-        if barrier
-            .as_ref()
-            .is_some_and(|b| fleet_barrier_complete(b, &shards))
-        {
+        let waits = fleet_barrier_waits_on(&b, &shards);
+        let report = |complete: bool| DrainReport {
+            direction: "fleet's tail",
+            barrier: id.clone(),
+            complete,
+            waited_seconds: started.elapsed().as_secs_f64(),
+            waiting_on: waits.clone(),
+        };
+        if waits.is_empty() {
             return Ok(report(true));
         }
         if started.elapsed() >= timeout {
             return Ok(report(false));
+        }
+        if round_at.elapsed() >= ROUND_EVERY {
+            written += markers
+                .round(written, round_size(waits.len().max(open)))
+                .await?;
+            round_at = Instant::now();
         }
         tokio::time::sleep(POLL).await;
     }
@@ -205,7 +190,7 @@ mod tests {
             first_apply_ms: None,
             done_ms: None,
             grants: vec![],
-            barriers: BTreeMap::new(),
+            barriers: std::collections::BTreeMap::new(),
             rejected: 0,
         }
     }
@@ -228,63 +213,33 @@ mod tests {
     }
 
     #[test]
-    fn the_snapshot_covers_listed_shards_without_units_and_units_the_list_lacks() {
-        let mut old = unit("old", 4);
-        old.cp.done = true;
-        let units = [unit("a", 3), unit("b", 7), old, unit("unlisted", 2)];
-        let b = snapshot("a", 199.0, &[info("a"), info("b"), info("new")], &units);
-        let want: BTreeMap<String, u64> = [("a", 3), ("b", 7), ("new", 0), ("unlisted", 2)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
+    fn a_barrier_waits_for_a_listed_shard_without_a_unit_and_each_leaf_without_a_proof_after_its_start()
+     {
+        let b = FleetBarrier {
+            started_at: 200.0,
+            listed: vec![info("a"), info("b"), info("new")],
+        };
+        let at = |id: &str, t: Option<f64>| {
+            let mut u = unit(id, 0);
+            u.cp.record_at = t;
+            u
+        };
+        // Empty reads (drains) prove nothing; b's proof is older than the start.
+        let mut quiet = at("b", Some(150.0));
+        quiet.cp.drains = 9;
         assert_eq!(
-            b.counters, want,
-            "a done unit off the list is not waited for"
+            fleet_barrier_waits_on(&b, &[at("a", Some(200.5)), quiet]),
+            vec!["new".to_string(), "b".to_string()]
         );
-    }
-
-    #[test]
-    fn a_barrier_completes_only_when_every_other_shard_drained_twice_since_the_snapshot() {
-        let b = snapshot(
-            "a",
-            199.4,
-            &[info("a"), info("b"), info("c")],
-            &[unit("a", 3), unit("b", 7), unit("c", 0)],
-        );
-        // Nothing moved: the marker's shard alone does not complete it.
-        let now = [unit("a", 3), unit("b", 7), unit("c", 0)];
-        assert!(!fleet_barrier_complete(&b, &now));
-        // One drain each is not enough: its read may predate the marker.
-        let once = [unit("a", 3), unit("b", 8), unit("c", 1)];
-        assert!(!fleet_barrier_complete(&b, &once));
-        // b twice, c still once (its holder stopped): not complete.
-        let stopped = [unit("a", 3), unit("b", 9), unit("c", 1)];
-        assert!(!fleet_barrier_complete(&b, &stopped));
-        // Both twice; the marker's own shard need not move.
-        let both = [unit("a", 3), unit("b", 9), unit("c", 2)];
-        assert!(fleet_barrier_complete(&b, &both));
-        // A shard listed but with no unit yet holds it back.
-        assert!(!fleet_barrier_complete(&b, &both[..2]));
-    }
-
-    #[test]
-    fn a_done_shard_or_one_that_applied_a_later_second_has_moved_past_it() {
-        let b = snapshot(
-            "a",
-            199.4,
-            &[info("a"), info("b"), info("c")],
-            &[unit("a", 0), unit("b", 0), unit("c", 0)],
-        );
-        let mut done = unit("b", 0);
-        done.cp.done = true;
-        let mut same_second = unit("c", 0);
-        same_second.cp.record_at = Some(199.9);
-        assert!(!fleet_barrier_complete(
-            &b,
-            &[unit("a", 0), done.clone(), same_second]
-        ));
-        let mut later = unit("c", 0);
-        later.cp.record_at = Some(200.0);
-        assert!(fleet_barrier_complete(&b, &[unit("a", 0), done, later]));
+        // A child inherits its closed parent's proof until it has its own.
+        let mut child = at("c", None);
+        child.parent = Some("b".into());
+        let units = [
+            at("a", Some(200.5)),
+            at("b", Some(201.0)),
+            child,
+            at("new", Some(202.0)),
+        ];
+        assert!(fleet_barrier_waits_on(&b, &units).is_empty());
     }
 }

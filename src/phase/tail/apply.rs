@@ -31,6 +31,7 @@
 use super::*;
 
 use crate::aws::write::{BATCH, Write, write_requests};
+use crate::core::marker::{Marker, marker_in};
 
 /// Source items applied at once from one response, in place.
 const LANES: usize = 16;
@@ -232,11 +233,17 @@ impl Tail<'_> {
         // Everything before a marker in its shard came before it in this call,
         // and every write of the call is acknowledged now: the barrier is observed.
         let now = now_secs();
-        for (id, marker_at) in markers {
+        for (m, marker_at) in markers {
+            let id = m.barrier;
+            if crate::phase::markers::is_probe(&id) {
+                // The tail's own probes move `applied_through`; nobody waits on them.
+                continue;
+            }
             if !self.barriers.contains_key(&id) {
                 let b = BarrierState {
                     observed_at: now,
-                    complete_at: None,
+                    started_at: m.started_at,
+                    ..Default::default()
                 };
                 self.store
                     .put(&format!("tail/barrier/{id}"), &(b.clone(), marker_at))?;
@@ -248,12 +255,12 @@ impl Tail<'_> {
 }
 
 /// The drain markers among `changes` (their inserts, in a table keyed by
-/// `key`): (barrier id, the marker record's creation time).
-pub(super) fn markers(key: &KeySchema, changes: &[Change]) -> Vec<(String, f64)> {
+/// `key`): (the marker, its record's creation time).
+pub(super) fn markers(key: &KeySchema, changes: &[Change]) -> Vec<(Marker, f64)> {
     changes
         .iter()
         .filter(|c| c.kind == ChangeKind::Insert)
-        .filter_map(|c| Some((marker_id_in(key, c.new.as_ref()?)?, c.at)))
+        .filter_map(|c| Some((marker_in(key, c.new.as_ref()?)?, c.at)))
         .collect()
 }
 

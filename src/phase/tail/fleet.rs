@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex as SyncMutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::Mutex;
@@ -44,6 +44,8 @@ pub struct FleetTailOptions {
     pub poll: Duration,
     /// This worker's tail rejects.
     pub rejects: PathBuf,
+    /// Its probes' rounds in flight (crate::state::markers).
+    pub markers: crate::state::markers::Ledger,
     pub stop: CancellationToken,
 }
 
@@ -83,6 +85,10 @@ struct Ctx {
     seen: SyncMutex<Seen>,
     rejects: Mutex<RejectsFile>,
     report: Mutex<FleetTailReport>,
+    /// When this worker last probed (None: it never probes, see
+    /// [`publish_through`]).
+    probed: Option<SyncMutex<Option<Instant>>>,
+    markers: crate::state::markers::Ledger,
 }
 
 /// Runs this worker's share of the tail until a stop or, with
@@ -109,6 +115,10 @@ pub async fn run(
         seen: SyncMutex::new(Seen::default()),
         rejects: Mutex::new(RejectsFile::open(&opts.rejects)?),
         report: Mutex::new(FleetTailReport::default()),
+        // A worker that exits when idle does not probe: its probes would be
+        // traffic, and it would never be idle.
+        probed: opts.exit_when_idle.is_none().then(|| SyncMutex::new(None)),
+        markers: opts.markers.clone(),
     });
     let mut tasks: JoinSet<(String, anyhow::Result<bool>)> = JoinSet::new();
     let result = schedule(&ctx, opts, &mut tasks).await;
@@ -284,6 +294,47 @@ async fn publish_through(ctx: &Ctx, shards: &[ShardUnit]) -> anyhow::Result<()> 
         stopped: false,
     };
     ctx.fleet.publish_tail(&mark).await?;
+    probe(ctx, shards, through, now).await
+}
+
+/// As the single tail does (crate::phase::tail): when the fleet's proof is
+/// over 2 s old, a round of probe markers, so that quiet shards show a
+/// record and the lag gate and verify's wait see the fleet caught up.
+async fn probe(
+    ctx: &Ctx,
+    shards: &[ShardUnit],
+    through: Option<f64>,
+    now: f64,
+) -> anyhow::Result<()> {
+    let Some(probed) = &ctx.probed else {
+        return Ok(());
+    };
+    let key = &ctx.plan.source_key;
+    if key.partition_key.ty == crate::core::value::ScalarType::N
+        || through.is_some_and(|t| now - t < super::PROBE_AFTER_SECONDS)
+    {
+        return Ok(());
+    }
+    {
+        let mut last = probed.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed().as_secs_f64() < super::PROBE_AFTER_SECONDS) {
+            return Ok(());
+        }
+        *last = Some(Instant::now());
+    }
+    let id = crate::phase::markers::new_probe_id();
+    let markers = crate::phase::markers::Markers {
+        clients: &ctx.clients,
+        key,
+        table: &ctx.plan.source_table,
+        id: &id,
+        started_at: now,
+        ledger: &ctx.markers,
+    };
+    let open = shards.iter().filter(|u| !u.cp.done).count();
+    markers
+        .round(0, crate::phase::markers::round_size(open))
+        .await?;
     Ok(())
 }
 
@@ -402,13 +453,24 @@ impl Ctx {
                     return Ok(true);
                 }
                 Step::Wait => true,
+                // A stop abandons the chunk or read in hand wherever it
+                // waits: uncommitted, it is done again under the next lease,
+                // as after a holder's death (see above).
                 Step::Apply(k) => {
-                    self.apply_chunk(&mut u, lease, k).await?;
+                    let apply = self.apply_chunk(&mut u, lease, k);
+                    match stop.run_until_cancelled(apply).await {
+                        None => return Ok(false),
+                        Some(r) => r?,
+                    }
                     false
                 }
                 Step::Buffer | Step::Live => {
                     let live = step == Step::Live;
-                    !self.read(&mut u, lease, live, &mut iterator).await?
+                    let read = self.read(&mut u, lease, live, &mut iterator);
+                    match stop.run_until_cancelled(read).await {
+                        None => return Ok(false),
+                        Some(r) => !r?,
+                    }
                 }
             };
             if idle {
@@ -462,9 +524,29 @@ impl Ctx {
     fn applied(&self, changes: &[Change], rejected: u64) -> Covers {
         Covers {
             applies: true,
-            observed: super::apply::markers(&self.plan.source_key, changes),
+            observed: {
+                let mut seen: Vec<(String, f64)> = Vec::new();
+                for (m, at) in super::apply::markers(&self.plan.source_key, changes) {
+                    if !crate::phase::markers::is_probe(&m.barrier)
+                        && !seen.iter().any(|(id, _)| *id == m.barrier)
+                    {
+                        seen.push((m.barrier, at));
+                    }
+                }
+                seen
+            },
             rejected,
         }
+    }
+
+    /// The shard's proof once `changes` are applied: the newest of `was`
+    /// and what they prove ([`super::change_evidence`]).
+    fn proven(&self, changes: &[Change], was: Option<f64>) -> Option<f64> {
+        changes
+            .iter()
+            .map(|x| super::change_evidence(&self.plan.source_key, x))
+            .chain(was)
+            .reduce(f64::max)
     }
 
     /// Applies chunk `k`, moves the cursor past it, then deletes it.
@@ -476,11 +558,7 @@ impl Ctx {
         let rejected = self.apply(u, lease, &changes).await?;
         let mut c = u.cp.clone();
         c.applied = k + 1;
-        c.record_at = changes
-            .iter()
-            .map(|x| x.at)
-            .reduce(f64::max)
-            .or(c.record_at);
+        c.record_at = self.proven(&changes, c.record_at);
         let covers = self.applied(&changes, rejected);
         self.commit_covering(u, lease, c, covers).await?;
         self.report.lock().await.chunks_applied += 1;
@@ -568,11 +646,7 @@ impl Ctx {
             c.seq = Some(seq.clone());
             let changes: Vec<Change> = records.into_iter().map(|(_, c)| c).collect();
             let rejected = self.apply(u, lease, &changes).await?;
-            c.record_at = changes
-                .iter()
-                .map(|x| x.at)
-                .reduce(f64::max)
-                .or(c.record_at);
+            c.record_at = self.proven(&changes, c.record_at);
             covers = self.applied(&changes, rejected);
         } else {
             // An empty read: said at most once a beat (it costs a write).

@@ -35,11 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::aws::rate::Control;
 use crate::aws::streams::{
-    self, Lineage, ReadError, RecordKind, ShardInfo, ShardProgress, Start, depth, lag_and_through,
+    self, ReadError, RecordKind, ShardInfo, ShardProgress, ShardThrough, Start, depth, evidence,
     now_secs, ready_shards, seq_key,
 };
 use crate::aws::{Clients, TableInfo};
-use crate::core::marker::marker_id_in;
+use crate::core::marker::marker_in;
 use crate::core::plan::{KeySchema, Mode, Plan, TtlDeletes};
 use crate::core::value::{Item, encode_key};
 use crate::phase::error::Stopped;
@@ -60,8 +60,9 @@ pub struct TailOptions {
     pub exit_when_idle: Option<Duration>,
     pub write_rate: Option<f64>,
     pub poll_interval: Duration,
-    /// Cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping): finish the read
-    /// in hand, checkpoint it, publish a stopped status and return `Stopped`.
+    /// Cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping): abandon the
+    /// read in hand (uncommitted, applied again on resume), publish a
+    /// stopped status and return `Stopped`.
     pub stop: CancellationToken,
     /// Source → target (`rekey tail`) or target → source (`rekey reverse`).
     pub flow: Flow,
@@ -84,6 +85,41 @@ pub fn change_of(r: streams::Record) -> (String, Change) {
         at,
     };
     (r.seq, change)
+}
+
+/// What a change proves of its shard once applied ([`streams::evidence`]):
+/// a barrier's marker (in a table keyed by `key`), the barrier's start.
+pub fn change_evidence(key: &KeySchema, c: &Change) -> f64 {
+    let started = [&c.new, &c.old]
+        .into_iter()
+        .flatten()
+        .find_map(|i| marker_in(key, i))
+        .and_then(|m| m.started_at);
+    evidence(c.at, started)
+}
+
+/// Whether `c` is a probe's marker (crate::phase::markers).
+fn is_probe_change(key: &KeySchema, c: &Change) -> bool {
+    [&c.new, &c.old]
+        .into_iter()
+        .flatten()
+        .find_map(|i| marker_in(key, i))
+        .is_some_and(|m| crate::phase::markers::is_probe(&m.barrier))
+}
+
+/// The shards of a listing with their progress, as [`streams::through`] reads them.
+fn shard_view<'a>(
+    shards: &'a [ShardInfo],
+    progress: &HashMap<String, ShardProgress>,
+) -> Vec<ShardThrough<'a>> {
+    shards
+        .iter()
+        .map(|s| ShardThrough {
+            id: &s.id,
+            parent: s.parent.as_deref(),
+            record_at: progress.get(&s.id).and_then(|p| p.record_at),
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -242,24 +278,12 @@ pub use flow::{Flow, Mapped, Mapper};
 
 const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
 
-/// A barrier is complete when every open shard has moved past it: drained by
-/// a read that started after the marker was applied, or applied a record from
-/// a later second than the marker's (creation times are whole seconds) — with
-/// no shard waiting on a parent, and the shard list described after the
-/// marker was applied (so no shard created before the marker is missing).
-fn barrier_complete(
-    barrier: &BarrierState,
-    marker_at: f64,
-    lineage: &Lineage,
-    progress: &HashMap<String, ShardProgress>,
-) -> bool {
-    lineage.waiting == 0
-        && lineage.described_at >= barrier.observed_at
-        && lineage.open.iter().all(|id| {
-            let p = progress.get(*id).cloned().unwrap_or_default();
-            p.empty_read_at.is_some_and(|t| t >= barrier.observed_at)
-                || p.record_at.is_some_and(|r| r >= marker_at.floor() + 1.0)
-        })
+/// Whether barrier `b` is complete, given the instant before which every
+/// write is applied: a barrier is complete once that reaches its start
+/// (or, for a marker that carries none, its marker's second).
+fn barrier_complete(b: &BarrierState, marker_at: f64, through: Option<f64>) -> bool {
+    let start = b.started_at.unwrap_or(marker_at.floor() + 1.0);
+    through.is_some_and(|t| t >= start)
 }
 
 /// Epoch seconds (the stream's and the tail's clock) as a time.
@@ -282,6 +306,10 @@ struct Tail<'a> {
     /// Barrier id → (state, marker creation time).
     barriers: BTreeMap<String, (BarrierState, f64)>,
     published: Option<Instant>,
+    /// The instant before which every write is applied, as last published.
+    proven: Option<f64>,
+    /// When the tail last wrote a probe's markers.
+    probed: Option<Instant>,
     /// Guarded: the echo ledgers (`guard`), opened when first needed.
     echoes: Option<crate::state::echoes::Echoes>,
 }
@@ -319,18 +347,34 @@ pub async fn run(
         if opts.stop.is_cancelled() {
             break;
         }
+        // A stop abandons the work in hand wherever it waits (the write
+        // budget, a backoff): its checkpoint is not committed, so its records
+        // are applied again on resume, in order, as after kill -9.
         if t.backfill_done() && !t.drained()? {
-            t.drain_buffer().await?;
+            let Some(drained) = opts.stop.run_until_cancelled(t.drain_buffer()).await else {
+                break;
+            };
+            drained?;
             t.store.put("tail/buffer_drained", &true)?;
             t.store.flush()?;
         }
         let turn = t.turn(&stream).await?;
         let mut got_any = false;
         for shard in &turn.ready {
-            got_any |= t.read_shard(&stream, &turn, shard, &mut iterators).await?;
+            let read = t.read_shard(&stream, &turn, shard, &mut iterators);
+            let Some(got) = opts.stop.run_until_cancelled(read).await else {
+                break;
+            };
+            got_any |= got?;
+        }
+        if opts.stop.is_cancelled() {
+            break;
         }
         // Busy: about once a second. Idle: every turn, so the last word is current.
         t.publish(&turn, progress, got_any)?;
+        if let Some(probed) = opts.stop.run_until_cancelled(t.probe(&turn)).await {
+            probed?;
+        }
         if got_any {
             last_record = Instant::now();
         } else {
@@ -347,6 +391,11 @@ pub async fn run(
         }
     }
     progress.finish();
+    // A probe the stop cut short must not leave markers in the application's table.
+    match tokio::time::timeout(SWEEP_ON_STOP, t.sweep_probes()).await {
+        Ok(swept) => swept?,
+        Err(_) => tracing::warn!("probe markers not yet swept: the next run sweeps them"),
+    }
     t.rejects.flush_len()?;
     let path = flow.snapshot(&opts.state_dir);
     if let Some(mut last) = snapshot::read::<TailStatus>(&path)? {
@@ -434,6 +483,8 @@ impl<'a> Tail<'a> {
             progress: HashMap::new(),
             barriers,
             published: None,
+            proven: None,
+            probed: None,
             echoes: None,
         })
     }
@@ -469,7 +520,6 @@ impl<'a> Tail<'a> {
                 streams::shard_iterator(self.clients, stream, shard, start).await?
             }
         };
-        let read_at = now_secs();
         let out = match streams::get_records(self.clients, stream, &iterator).await {
             Ok(o) => o,
             // Re-get it from the checkpoint: nothing is skipped or repeated.
@@ -489,9 +539,19 @@ impl<'a> Tail<'a> {
                 change_of(r)
             })
             .collect();
-        self.report.records += changes.len() as u64;
-        let got_any = !changes.is_empty();
-        let newest = changes.last().map(|(_, c)| c.at);
+        let key = self.opts.flow.read_key(self.plan);
+        // Probes are the tail's own: neither counted nor activity (catch-up
+        // mode exits once the table is idle).
+        let traffic = changes
+            .iter()
+            .filter(|(_, c)| !is_probe_change(key, c))
+            .count();
+        self.report.records += traffic as u64;
+        let got_any = traffic > 0;
+        let newest = changes
+            .iter()
+            .map(|(_, c)| change_evidence(key, c))
+            .reduce(f64::max);
         if self.drained()? && self.backfill_done() {
             self.apply_all(changes.into_iter().map(|(_, c)| c).collect())
                 .await?;
@@ -504,9 +564,8 @@ impl<'a> Tail<'a> {
             }
         }
         let p = self.progress.entry(shard.clone()).or_default();
-        match newest {
-            Some(at) => p.record_at = Some(p.record_at.map_or(at, |r| r.max(at))),
-            None => p.empty_read_at = Some(read_at),
+        if let Some(at) = newest {
+            p.record_at = Some(p.record_at.map_or(at, |r| r.max(at)));
         }
         let finished_now = out.next.is_none();
         if let Some(next) = out.next {
@@ -536,16 +595,69 @@ impl<'a> Tail<'a> {
 
 /// The shard list one loop turn works from.
 struct Turn {
-    described_at: f64,
     shards: Vec<ShardInfo>,
     states: HashMap<String, ShardState>,
     finished: HashSet<String>,
     ready: Vec<String>,
 }
 
+/// An applying tail whose proof is older than this probes: writes a round
+/// of markers into the table it reads, so that quiet shards show a record
+/// and its lag and `applied_through` stay current (crate::phase::barrier).
+pub(super) const PROBE_AFTER_SECONDS: f64 = 2.0;
+
+/// How long a stopping tail spends sweeping a probe it cut short; what is
+/// left then is swept by the next run.
+const SWEEP_ON_STOP: Duration = Duration::from_secs(5);
+
 impl Tail<'_> {
+    /// A probe, when the proof is old and the last probe is too.
+    async fn probe(&mut self, turn: &Turn) -> anyhow::Result<()> {
+        let key = self.opts.flow.read_key(self.plan);
+        if key.partition_key.ty == crate::core::value::ScalarType::N
+            || !(self.drained()? && self.backfill_done())
+        {
+            return Ok(());
+        }
+        let now = now_secs();
+        let after = Duration::from_secs_f64(PROBE_AFTER_SECONDS);
+        if self.proven.is_some_and(|t| now - t < PROBE_AFTER_SECONDS)
+            || self.probed.is_some_and(|t| t.elapsed() < after)
+        {
+            return Ok(());
+        }
+        self.probed = Some(Instant::now());
+        let open = turn
+            .shards
+            .iter()
+            .filter(|s| !turn.finished.contains(&s.id))
+            .count();
+        let id = crate::phase::markers::new_probe_id();
+        let ledger = self.opts.state_dir.markers();
+        let markers = crate::phase::markers::Markers {
+            clients: self.clients,
+            key,
+            table: self.opts.flow.read_table(self.plan),
+            id: &id,
+            started_at: now,
+            ledger: &ledger,
+        };
+        let n = markers
+            .round(0, crate::phase::markers::round_size(open))
+            .await?;
+        tracing::debug!(probe = %id, markers = n, "probe written");
+        Ok(())
+    }
+
+    /// Deletes the markers of a probe that the stop cut short.
+    async fn sweep_probes(&self) -> anyhow::Result<()> {
+        let ledger = self.opts.state_dir.markers();
+        let table = self.opts.flow.read_table(self.plan);
+        let key = self.opts.flow.read_key(self.plan);
+        crate::phase::markers::sweep(self.clients, &ledger, table, key).await
+    }
+
     async fn turn(&mut self, stream: &str) -> anyhow::Result<Turn> {
-        let described_at = now_secs();
         let shards = streams::describe_shards(self.clients, stream).await?;
         self.report.shards = shards.len();
         let states: HashMap<String, ShardState> = shards
@@ -566,7 +678,6 @@ impl Tail<'_> {
             .collect();
         let ready = ready_shards(&shards, &finished);
         Ok(Turn {
-            described_at,
             shards,
             states,
             finished,
@@ -608,7 +719,6 @@ impl Tail<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::streams::fixtures::{lineage, progress};
     use crate::core::transform::{Outcome, transform};
     use crate::core::value::Value;
 
@@ -783,47 +893,52 @@ set = { GSI2PK = "T#{t}#ST#{@status}#{shard(id, 4)}" }
     }
 
     #[test]
-    fn a_barrier_completes_only_when_every_open_shard_has_moved_past_it() {
+    fn a_barrier_completes_once_every_leaf_shard_has_shown_a_record_from_after_its_start() {
         let b = BarrierState {
             observed_at: 200.0,
-            complete_at: None,
+            started_at: Some(199.5),
+            ..Default::default()
         };
-        let marker_at = 199.0;
-        // b drained before the observation, c's newest record is from the marker's second.
-        let p = progress(&[
-            ("a", Some(199.0), Some(201.0)),
-            ("b", None, Some(150.0)),
-            ("c", Some(199.0), None),
-        ]);
+        let info = |id: &str, parent: Option<&str>| ShardInfo {
+            id: id.into(),
+            parent: parent.map(str::to_string),
+            closed: false,
+        };
+        let shards = vec![info("a", None), info("b", None), info("c", Some("b"))];
+        let progress = |at: &[(&str, f64)]| -> HashMap<String, ShardProgress> {
+            at.iter()
+                .map(|(id, t)| {
+                    (
+                        id.to_string(),
+                        ShardProgress {
+                            record_at: Some(*t),
+                        },
+                    )
+                })
+                .collect()
+        };
+        let through = |p| streams::through(&shard_view(&shards, &p));
+        // a showed the marker; b (empty pages only, or an old record) proves nothing.
         assert!(!barrier_complete(
             &b,
-            marker_at,
-            &lineage(&["a", "b", "c"]),
-            &p
+            199.0,
+            through(progress(&[("a", 199.5)]))
         ));
-        assert!(barrier_complete(&b, marker_at, &lineage(&["a"]), &p));
-        // Not while a child shard waits, nor on a shard list older than the marker.
-        let waiting = Lineage {
-            waiting: 1,
-            ..lineage(&["a"])
-        };
-        assert!(!barrier_complete(&b, marker_at, &waiting, &p));
-        let old_list = Lineage {
-            described_at: 199.5,
-            ..lineage(&["a"])
-        };
-        assert!(!barrier_complete(&b, marker_at, &old_list, &p));
-        // b drained after it, c applied a record from a later second.
-        let p = progress(&[
-            ("a", Some(199.0), Some(201.0)),
-            ("b", None, Some(200.5)),
-            ("c", Some(200.0), None),
-        ]);
+        assert!(!barrier_complete(
+            &b,
+            199.0,
+            through(progress(&[("a", 199.5), ("b", 150.0)]))
+        ));
+        // b's last record before it closed is its child's proof, until c has its own.
         assert!(barrier_complete(
             &b,
-            marker_at,
-            &lineage(&["a", "b", "c"]),
-            &p
+            199.0,
+            through(progress(&[("a", 199.5), ("b", 199.6)]))
+        ));
+        assert!(barrier_complete(
+            &b,
+            199.0,
+            through(progress(&[("a", 199.5), ("b", 10.0), ("c", 201.0)]))
         ));
     }
 }

@@ -14,13 +14,12 @@ impl Tail<'_> {
         busy: bool,
     ) -> anyhow::Result<()> {
         let Turn {
-            described_at,
             shards,
             states,
             finished,
             ready,
+            ..
         } = turn;
-        let described_at = *described_at;
         if busy
             && self
                 .published
@@ -31,31 +30,28 @@ impl Tail<'_> {
         self.published = Some(Instant::now());
         let now = now_secs();
         let applying = self.drained()? && self.backfill_done();
-        let open: Vec<&str> = ready.iter().map(String::as_str).collect();
-        let lineage = Lineage {
-            open: &open,
-            waiting: shards
-                .iter()
-                .filter(|s| !finished.contains(&s.id) && !ready.contains(&s.id))
-                .count(),
-            described_at,
-        };
-        let (lag, through) = lag_and_through(&lineage, &self.progress, now);
+        let view = shard_view(shards, &self.progress);
+        let through = streams::through(&view);
+        let (lag, shard_lags) = streams::lags(&view, now);
+        self.proven = through;
         if applying {
             for (id, (b, marker_at)) in self.barriers.iter_mut() {
-                if b.complete_at.is_none()
-                    && barrier_complete(b, *marker_at, &lineage, &self.progress)
-                {
-                    b.complete_at = Some(now);
-                    self.store
-                        .put(&format!("tail/barrier/{id}"), &(b.clone(), *marker_at))?;
+                if b.complete_at.is_some() {
+                    continue;
                 }
+                let start = b.started_at.unwrap_or(marker_at.floor() + 1.0);
+                b.waiting_on = waiting_on(&view, start);
+                if barrier_complete(b, *marker_at, through) {
+                    b.complete_at = Some(now);
+                }
+                self.store
+                    .put(&format!("tail/barrier/{id}"), &(b.clone(), *marker_at))?;
             }
         }
         let status = TailStatus {
             pid: std::process::id(),
             updated_at: time(now),
-            applied_through: (applying && through.is_finite()).then(|| time(through)),
+            applied_through: through.filter(|_| applying).map(time),
             lag_seconds: if applying { lag } else { None },
             backfill_done: self.backfill_done(),
             records: self.report.records,
@@ -80,12 +76,7 @@ impl Tail<'_> {
                     } else {
                         ShardPhase::Open
                     };
-                    let one = Lineage {
-                        open: &[s.id.as_str()],
-                        waiting: 0,
-                        described_at,
-                    };
-                    let (shard_lag, _) = lag_and_through(&one, &self.progress, now);
+                    let shard_lag = shard_lags.get(&s.id).copied().flatten();
                     ShardStatus {
                         shard_id: s.id.clone(),
                         state,
@@ -127,4 +118,26 @@ impl Tail<'_> {
         progress.update(self.report.records, 0.0);
         Ok(())
     }
+}
+
+/// The leaf shards whose proof (or their nearest ancestor's) is older than
+/// `start`, or missing: what a barrier begun then still waits for.
+fn waiting_on(view: &[ShardThrough], start: f64) -> Vec<String> {
+    let parents: HashSet<&str> = view.iter().filter_map(|s| s.parent).collect();
+    view.iter()
+        .filter(|s| !parents.contains(s.id))
+        .filter(|s| {
+            let mut chain = vec![(*s).clone()];
+            let mut cur = s.parent;
+            while let Some(p) = cur.and_then(|p| view.iter().find(|v| v.id == p)) {
+                chain.push(p.clone());
+                cur = p.parent;
+                if chain.len() > 10_000 {
+                    break;
+                }
+            }
+            streams::through(&chain).is_none_or(|t| t < start)
+        })
+        .map(|s| s.id.to_string())
+        .collect()
 }

@@ -762,17 +762,18 @@ fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, log: PathBuf) -> tokio::task:
     })
 }
 
-/// The steps from where the last run stopped. A stop (`opts.stop`) ends a
-/// scan pass after its pages in flight, and a re-check between rounds or
-/// while it waits; either way everything settled so far is checkpointed, and
-/// a rerun goes on from the step it was in.
+/// The steps from where the last run stopped. A stop (`opts.stop`) ends
+/// any step at once: a scan pass abandons its pages in flight (each page's
+/// comparison commits with its checkpoint, so an abandoned page is read
+/// again), a re-check its round or its wait; everything settled so far is
+/// checkpointed, and a rerun goes on from the step it was in.
 async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
     let stop = ctx.opts.stop.clone();
     loop {
         ctx.set_phase(meta.phase);
         let next = tokio::select! {
             next = step(ctx, meta) => next?,
-            () = stop.cancelled(), if !is_scan_pass(meta.phase) => return Err(Stopped.into()),
+            () = stop.cancelled() => return Err(Stopped.into()),
         };
         if stop.is_cancelled() {
             return Err(Stopped.into());
@@ -782,11 +783,6 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
         }
         ctx.ledger.lock().await.set_phase(meta, next)?;
     }
-}
-
-/// Scan passes stop on their own, after the pages in flight.
-fn is_scan_pass(s: Step) -> bool {
-    matches!(s, Step::Forward | Step::Backward | Step::OrphanPass)
 }
 
 /// One step; the step after it.

@@ -420,11 +420,14 @@ pub(super) async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyh
 pub(super) struct Watcher {
     pub(super) state: Arc<std::sync::Mutex<WatchState>>,
     pub(super) task: tokio::task::JoinHandle<()>,
+    ctx: Arc<Ctx>,
 }
 
 pub(super) struct WatchState {
     pub(super) through: f64,
     pub(super) error: Option<String>,
+    /// The watch's shards not read to their end.
+    pub(super) open: usize,
 }
 
 impl Drop for Watcher {
@@ -446,8 +449,10 @@ impl Watcher {
         let state = Arc::new(std::sync::Mutex::new(WatchState {
             through: f64::NEG_INFINITY,
             error: None,
+            open: 1,
         }));
         let shared = state.clone();
+        let owned = ctx.clone();
         let task = tokio::spawn(async move {
             let sn = ctx.src_names();
             loop {
@@ -456,11 +461,12 @@ impl Watcher {
                     if !touches.is_empty() {
                         ctx.ledger.lock().await.record_touches(&touches, &sn)?;
                     }
-                    Ok(watch.through())
+                    Ok(watch.through().unwrap_or(f64::NEG_INFINITY))
                 }
                 .await;
                 let stopped = {
                     let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    s.open = watch.open_shards();
                     match step {
                         Ok(t) => s.through = t,
                         Err(e) => s.error = Some(format!("the stream watch stopped: {e:#}")),
@@ -473,15 +479,22 @@ impl Watcher {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        Watcher { state, task }
+        Watcher {
+            state,
+            task,
+            ctx: owned,
+        }
     }
 
-    /// Wait until the watch has read every write before `t`.
+    /// Wait until the watch has read every write before `t`. Quiet shards
+    /// prove nothing by themselves: each second a round of probe markers
+    /// goes into the source (crate::phase::barrier) for them to show.
     pub(super) async fn wait(&self, t: DateTime<Utc>, timeout: Duration) -> Result<(), String> {
         let want = t.timestamp_millis() as f64 / 1000.0;
         let start = Instant::now();
+        let mut probed: Option<Instant> = None;
         loop {
-            {
+            let open = {
                 let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(e) = &s.error {
                     return Err(e.clone());
@@ -489,6 +502,11 @@ impl Watcher {
                 if s.through >= want {
                     return Ok(());
                 }
+                s.open
+            };
+            if probed.is_none_or(|p| p.elapsed() >= crate::phase::markers::ROUND_EVERY) {
+                probed = Some(Instant::now());
+                self.probe(open).await?;
             }
             if start.elapsed() >= timeout {
                 return Err(format!(
@@ -499,5 +517,29 @@ impl Watcher {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// One round of probe markers over `open` shards, unless the source's
+    /// key cannot carry one (numeric: then only traffic proves anything).
+    async fn probe(&self, open: usize) -> Result<(), String> {
+        let key = &self.ctx.plan.source_key;
+        if key.partition_key.ty == crate::core::value::ScalarType::N {
+            return Ok(());
+        }
+        let id = crate::phase::markers::new_probe_id();
+        let ledger = self.ctx.opts.state_dir.markers();
+        let markers = crate::phase::markers::Markers {
+            clients: &self.ctx.clients,
+            key,
+            table: &self.ctx.plan.source_table,
+            id: &id,
+            started_at: crate::aws::streams::now_secs(),
+            ledger: &ledger,
+        };
+        markers
+            .round(0, crate::phase::markers::round_size(open))
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("the stream watch's probe: {e:#}"))
     }
 }

@@ -23,7 +23,6 @@ use crate::core::inverse::{InverseOutcome, Inverter};
 /// One difference found by a scan, to re-check.
 #[derive(Debug, Clone)]
 struct Candidate {
-    kind: Kind,
     /// The source key it is about, and the target key it was read from.
     source_key: Item,
     target_key: Option<Item>,
@@ -108,43 +107,28 @@ pub async fn run_reverse(
     } = std::mem::take(&mut *shared.found.lock().await);
     let mut notes = Vec::new();
     let mut examples = Vec::new();
-    if !candidates.is_empty() {
-        let through = Utc::now() + MARGIN;
-        let wait = wait_for_tail(
-            &opts.state_dir,
-            through,
-            opts.recheck_timeout,
-            opts.stale_after,
-        );
-        let settled = match wait.await {
-            TailWait::Behind(why) => {
-                notes.push(why);
-                false
+    let verdicts = recheck_all(&shared, candidates.clone(), opts).await?;
+    for (c, v) in candidates.iter().zip(verdicts) {
+        match v {
+            Ok(None) => {
+                counts.resolved += 1;
+                counts.matched += 1;
             }
-            TailWait::CaughtUp | TailWait::NoTail => true,
-        };
-        for c in candidates {
-            let still = if settled {
-                recheck(&shared, &c).await?
-            } else {
-                Some(c.kind)
-            };
-            match (still, settled) {
-                (None, _) => {
-                    counts.resolved += 1;
-                    counts.matched += 1;
+            Ok(Some(kind)) => {
+                match kind {
+                    Kind::Orphan => counts.orphans += 1,
+                    Kind::Different => counts.different += 1,
+                    _ => counts.missing += 1,
                 }
-                (Some(kind), true) => {
-                    match kind {
-                        Kind::Orphan => counts.orphans += 1,
-                        Kind::Different => counts.different += 1,
-                        _ => counts.missing += 1,
-                    }
-                    if examples.len() < EXAMPLES {
-                        examples.push(example(&mismatch(kind, &c)));
-                    }
+                if examples.len() < EXAMPLES {
+                    examples.push(example(&mismatch(kind, c)));
                 }
-                (Some(_), false) => counts.unconfirmed += 1,
+            }
+            Err(why) => {
+                counts.unconfirmed += 1;
+                if !notes.contains(&why) {
+                    notes.push(why);
+                }
             }
         }
     }
@@ -197,12 +181,6 @@ async fn check_page(s: &Shared, page: Page, backwards: bool) -> anyhow::Result<(
     let plan = &s.plan;
     let (sn, tn) = (plan.source_key.names(), plan.target_key.names());
     let mut delta = Found::default();
-    let key_of = |item: &Item, names: &[&str]| -> Item {
-        names
-            .iter()
-            .filter_map(|n| item.get(*n).map(|v| (n.to_string(), v.clone())))
-            .collect()
-    };
     if backwards {
         delta.counts.target_scanned += page.items.len() as u64;
         let inverter = Inverter::new(plan);
@@ -220,12 +198,7 @@ async fn check_page(s: &Shared, page: Page, backwards: bool) -> anyhow::Result<(
             let code = encode_key(&sk, &sn).unwrap_or_default();
             match held.get(&code) {
                 Some(h) if *h == expected => delta.counts.target_matched += 1,
-                found => delta.candidates.push(Candidate {
-                    kind: if found.is_some() {
-                        Kind::Different
-                    } else {
-                        Kind::Missing
-                    },
+                _ => delta.candidates.push(Candidate {
                     source_key: sk,
                     target_key: Some(tk),
                 }),
@@ -247,7 +220,6 @@ async fn check_page(s: &Shared, page: Page, backwards: bool) -> anyhow::Result<(
                 delta.counts.matched += 1;
             } else {
                 delta.candidates.push(Candidate {
-                    kind: Kind::Orphan,
                     source_key: sk,
                     target_key: Some(tk),
                 });
@@ -284,43 +256,168 @@ async fn get(
     Ok(out)
 }
 
-/// Read both sides again: None when the difference is gone.
-async fn recheck(s: &Shared, c: &Candidate) -> anyhow::Result<Option<Kind>> {
-    let plan = &s.plan;
-    let (sn, tn) = (plan.source_key.names(), plan.target_key.names());
-    let source = get(
-        s,
-        &plan.source_table,
-        &sn,
-        std::slice::from_ref(&c.source_key),
-    )
-    .await?;
-    let source = source.into_values().next();
-    // What the source item maps to now (else the key it was read from), and
-    // what the target holds there.
-    let mapped = match source.as_ref().map(|i| transform(plan, i)) {
-        Some(Outcome::Put { item, .. }) => Some(item),
-        _ => None,
-    };
-    let probe = mapped.or_else(|| c.target_key.clone());
-    let target = match &probe {
-        Some(k) => get(s, &plan.target_table, &tn, std::slice::from_ref(k))
-            .await?
-            .into_values()
-            .next(),
-        None => None,
-    };
+/// Rounds of the reverse re-check. More than the forward verify's: a round
+/// whose target changed between its two reads says nothing, and in the
+/// rollback window the application rewrites the items it works on.
+const REVERSE_ROUNDS: usize = 12;
+
+/// A candidate's re-check so far.
+struct Open {
+    cand: Candidate,
+    /// The target key to read this round: where the source item, as last
+    /// read, maps to.
+    tk: Item,
+    /// The previous round's reads and whether they differed.
+    prev: Option<Reads>,
+    verdict: Option<Option<Kind>>,
+}
+
+/// One round's reads of a candidate: the target, then the source.
+#[derive(PartialEq)]
+struct Reads {
+    target: Option<Item>,
+    source: Option<Item>,
+}
+
+/// Re-checks the candidates in rounds; per candidate, `None` when the
+/// difference is gone, else its kind (confirmed, or `Err` unconfirmed).
+///
+/// Either table may be the one the application writes: the source before a
+/// cutover, the target in the rollback window, each followed by its tail.
+/// A round reads the target, waits until the tails have applied every write
+/// up to that read, reads the source, and reads the target again: a pair in
+/// sync then reads equal (the source has every target write before the
+/// first read, and none after it changed the target before the second). A
+/// target that changed between its two reads says nothing that round. A pair
+/// still different counts only when the next round reads both sides the same
+/// and different again: a rewrite A→B→A between two target reads makes a
+/// difference that is not there once, not twice.
+async fn recheck_all(
+    s: &Shared,
+    cands: Vec<Candidate>,
+    opts: &VerifyOptions,
+) -> anyhow::Result<Vec<Result<Option<Kind>, String>>> {
+    let mut open: Vec<Open> = cands
+        .into_iter()
+        .map(|c| Open {
+            tk: c.target_key.clone().unwrap_or_default(),
+            cand: c,
+            prev: None,
+            verdict: None,
+        })
+        .collect();
+    let (sn, tn) = (s.plan.source_key.names(), s.plan.target_key.names());
+    let mut tail = true;
+    for _round in 0..REVERSE_ROUNDS {
+        let live: Vec<usize> = (0..open.len())
+            .filter(|&i| open[i].verdict.is_none())
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let tkeys: Vec<Item> = live.iter().map(|&i| open[i].tk.clone()).collect();
+        let targets = get(s, &s.plan.target_table, &tn, &tkeys).await?;
+        if tail {
+            let through = Utc::now() + MARGIN;
+            match wait_for_tail(
+                &opts.state_dir,
+                through,
+                opts.recheck_timeout,
+                opts.stale_after,
+            )
+            .await
+            {
+                TailWait::CaughtUp => {}
+                TailWait::NoTail => tail = false,
+                // Those still open cannot be settled.
+                TailWait::Behind(why) => return Ok(unconfirmed_all(open, &why)),
+            }
+        }
+        let skeys: Vec<Item> = live
+            .iter()
+            .map(|&i| open[i].cand.source_key.clone())
+            .collect();
+        let sources = get(s, &s.plan.source_table, &sn, &skeys).await?;
+        // The target again: a source read between two equal target reads
+        // is judged against them; a target that changed in between says
+        // nothing this round.
+        let again = match tail {
+            true => Some(get(s, &s.plan.target_table, &tn, &tkeys).await?),
+            false => None,
+        };
+        for i in live {
+            let o = &mut open[i];
+            let code = encode_key(&o.tk, &tn);
+            if let Some(again) = &again
+                && code.as_ref().and_then(|k| again.get(k))
+                    != code.as_ref().and_then(|k| targets.get(k))
+            {
+                o.prev = None;
+                continue;
+            }
+            let reads = Reads {
+                target: code.and_then(|k| targets.get(&k).cloned()),
+                source: encode_key(&o.cand.source_key, &sn).and_then(|k| sources.get(&k).cloned()),
+            };
+            // Where the source item maps to now: read there next round.
+            if let Some(Outcome::Put { item, .. }) =
+                reads.source.as_ref().map(|i| transform(&s.plan, i))
+            {
+                let tk = key_of(&item, &tn);
+                if tk != o.tk {
+                    o.tk = tk;
+                    o.prev = None;
+                    continue;
+                }
+            }
+            let Some(kind) = compare(&s.plan, &reads) else {
+                o.verdict = Some(None);
+                continue;
+            };
+            if !tail || o.prev.as_ref() == Some(&reads) {
+                o.verdict = Some(Some(kind));
+            } else {
+                o.prev = Some(reads);
+            }
+        }
+    }
+    Ok(unconfirmed_all(
+        open,
+        "both tables kept changing during the re-check",
+    ))
+}
+
+/// The verdicts, `why` for those without one.
+fn unconfirmed_all(open: Vec<Open>, why: &str) -> Vec<Result<Option<Kind>, String>> {
+    open.into_iter()
+        .map(|o| o.verdict.ok_or_else(|| why.to_string()))
+        .collect()
+}
+
+/// What one round's reads say: `None` when source == inverse(target).
+fn compare(plan: &Plan, reads: &Reads) -> Option<Kind> {
     let inverter = Inverter::new(plan);
-    Ok(match (source, target) {
+    match (&reads.source, &reads.target) {
         (None, None) => None,
-        (Some(_), None) => Some(Kind::Orphan),
-        (None, Some(t)) => match inverter.invert(&t) {
+        (Some(s), None) => match transform(plan, s) {
+            Outcome::Put { .. } => Some(Kind::Orphan),
+            _ => None,
+        },
+        (None, Some(t)) => match inverter.invert(t) {
             InverseOutcome::Put { .. } => Some(Kind::Missing),
             _ => None,
         },
-        (Some(s_item), Some(t)) => match inverter.invert(&t) {
-            InverseOutcome::Put { item, .. } if item == s_item => None,
+        (Some(s), Some(t)) => match inverter.invert(t) {
+            InverseOutcome::Put { item, .. } if item == *s => None,
             _ => Some(Kind::Different),
         },
-    })
+    }
+}
+
+/// The attributes of `item` named in `names`: its key.
+fn key_of(item: &Item, names: &[&str]) -> Item {
+    names
+        .iter()
+        .filter_map(|n| item.get(*n).map(|v| (n.to_string(), v.clone())))
+        .collect()
 }

@@ -148,6 +148,13 @@ pub enum Checkpoint {
     /// An export data file's unit: resume after this many lines (the
     /// position `rekey backfill --from-export` checkpoints, too).
     Lines(u64),
+    /// A Scan unit stopped mid-page: read again from `from` (None: the
+    /// segment's beginning), skipping the items named in `done` (MD5s of
+    /// their source keys, hex), already written and counted.
+    Partial {
+        from: Option<Item>,
+        done: Vec<String>,
+    },
     Done,
 }
 
@@ -939,8 +946,12 @@ mod tests {
         k.insert("PK".into(), Value::S("a".into()));
         for c in [
             Checkpoint::Beginning,
-            Checkpoint::After(k),
+            Checkpoint::After(k.clone()),
             Checkpoint::Lines(500),
+            Checkpoint::Partial {
+                from: Some(k),
+                done: vec!["0123".into()],
+            },
             Checkpoint::Done,
         ] {
             let j = serde_json::to_string(&c).unwrap();

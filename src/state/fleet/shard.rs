@@ -43,7 +43,7 @@ use super::{
     wall_ms,
 };
 use crate::aws::control::Cond;
-use crate::aws::streams::{Lineage, ShardInfo, ShardProgress, lag_and_through, ready_shards};
+use crate::aws::streams::{self, ShardInfo, ShardThrough, ready_shards};
 use crate::core::value::{Item, Value};
 
 /// A buffer chunk's largest compressed size: under DynamoDB's 400 KB item
@@ -227,36 +227,32 @@ pub fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
     ready_shards(&infos(shards), &done).iter().any(|r| r == id)
 }
 
-/// Lag and `applied_through` of the fleet's tail: over the shards not done,
-/// each live one by its own progress; a shard still buffering (or not taken)
-/// holds `applied_through` back (None), as a waiting shard does on one machine.
+/// Lag and `applied_through` of the fleet's tail: the least proof over the
+/// leaf shards ([`streams::through`]; an empty read proves nothing). A shard
+/// still buffering (not live, not done) holds `applied_through` back (None):
+/// its records are not applied yet.
 pub fn fleet_through(shards: &[ShardUnit], now: f64) -> (Option<f64>, Option<f64>) {
-    let open: Vec<&str> = shards
+    let view: Vec<ShardThrough> = shards
         .iter()
-        .filter(|s| !s.cp.done && s.cp.live)
-        .map(|s| s.id.as_str())
-        .collect();
-    let waiting = shards.iter().filter(|s| !s.cp.done && !s.cp.live).count();
-    let progress: HashMap<String, ShardProgress> = shards
-        .iter()
-        .map(|s| {
-            (
-                s.id.clone(),
-                ShardProgress {
-                    record_at: s.cp.record_at,
-                    empty_read_at: s.cp.empty_read_at,
-                },
-            )
+        .map(|s| ShardThrough {
+            id: &s.id,
+            parent: s.parent.as_deref(),
+            record_at: s.cp.record_at,
         })
         .collect();
-    let lineage = Lineage {
-        open: &open,
-        waiting,
-        described_at: now,
-    };
-    let (lag, through) = lag_and_through(&lineage, &progress, now);
-    let through = (!shards.is_empty() && through.is_finite()).then_some(through);
-    (lag, through)
+    // Lag over the live shards (a buffering one's shows once it applies).
+    let live: Vec<ShardThrough> = view
+        .iter()
+        .zip(shards)
+        .filter(|(_, s)| s.cp.done || s.cp.live)
+        .map(|(v, _)| v.clone())
+        .collect();
+    let lag = streams::through(&live).map(|t| (now - t).max(0.0));
+    let buffering = shards.iter().any(|s| !s.cp.done && !s.cp.live);
+    if buffering || shards.is_empty() {
+        return (lag, None);
+    }
+    (lag, streams::through(&view))
 }
 
 /// The records, as deflated JSON chunks each under `limit` bytes: (end
@@ -647,7 +643,8 @@ mod tests {
 
     #[test]
     fn applied_through_is_the_minimum_over_open_shards_and_waits_for_buffering_ones() {
-        let mut a = shard("a", None);
+        // a's empty read at 150 proves nothing (issue 25): its record does.
+        let mut a = shard("a", Some("old"));
         a.cp.live = true;
         a.cp.record_at = Some(100.0);
         a.cp.empty_read_at = Some(150.0);
@@ -657,8 +654,12 @@ mod tests {
         let mut old = shard("old", None);
         old.cp.done = true;
         let (lag, through) = fleet_through(&[a.clone(), b.clone(), old.clone()], 200.0);
-        assert_eq!(through, Some(120.0));
-        assert_eq!(lag, Some(80.0));
+        assert_eq!(through, Some(100.0));
+        assert_eq!(lag, Some(100.0));
+        // A done shard without children yet proves nothing past its records.
+        let mut alone = shard("alone", None);
+        alone.cp.done = true;
+        assert_eq!(fleet_through(&[b.clone(), alone], 200.0).1, None);
         let c = shard("c", None);
         assert_eq!(fleet_through(&[a, b, c], 200.0).1, None, "c is buffering");
         assert_eq!(fleet_through(&[], 200.0).1, None);

@@ -42,6 +42,7 @@ use rekey::aws::{AwsOptions, Clients};
 use rekey::core::value::Item;
 use rekey::local::{LocalOptions, LocalServer};
 use rekey_testkit::proxy::{Proxy, ProxyOptions};
+use rekey_testkit::shadow::server::ShadowServer;
 use tokio::sync::OnceCell;
 
 /// Names the endpoint the integration tests run against instead of a local server.
@@ -49,8 +50,13 @@ pub const ENDPOINT_ENV: &str = "REKEY_TEST_ENDPOINT";
 
 /// Where a test's DynamoDB is.
 enum Backend {
-    /// The local server, and the pass-through proxy in front of it.
-    Local { server: LocalServer, proxy: Proxy },
+    /// The local server, and the pass-through proxy in front of it, which
+    /// validates every request against the shadow first.
+    Local {
+        server: LocalServer,
+        shadow: ShadowServer,
+        proxy: Proxy,
+    },
     /// `REKEY_TEST_ENDPOINT=URL`.
     Url(String),
     /// `REKEY_TEST_ENDPOINT=aws`: AWS's own endpoints for the region.
@@ -84,14 +90,26 @@ impl TestEnv {
     /// Always the local server, whatever `REKEY_TEST_ENDPOINT` says: for tests
     /// that put their own proxy in front of it ([`TestEnv::server`]).
     pub async fn start_local() -> TestEnv {
-        let server = match LocalServer::start(&LocalOptions::default()).await {
-            Ok(d) => d,
-            Err(e) => panic!("the local server did not start (run scripts/install-deps): {e}"),
-        };
-        let proxy = Proxy::start(ProxyOptions::pass_through(server.endpoint()))
-            .await
-            .unwrap_or_else(|e| panic!("the capacity proxy did not start: {e:#}"));
-        TestEnv::with(Backend::Local { server, proxy }).await
+        let local = LocalOptions::default();
+        let (server, shadow) = tokio::join!(LocalServer::start(&local), ShadowServer::start());
+        let server = server.unwrap_or_else(|e| {
+            panic!("the local server did not start (run scripts/install-deps): {e}")
+        });
+        let shadow = shadow.unwrap_or_else(|e| {
+            panic!("the validating shadow did not start (run scripts/install-deps): {e:#}")
+        });
+        let proxy = Proxy::start(ProxyOptions {
+            shadow: Some(shadow.endpoint().to_string()),
+            ..ProxyOptions::pass_through(server.endpoint())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the capacity proxy did not start: {e:#}"));
+        TestEnv::with(Backend::Local {
+            server,
+            shadow,
+            proxy,
+        })
+        .await
     }
 
     async fn with(backend: Backend) -> TestEnv {
@@ -144,6 +162,24 @@ impl TestEnv {
         match &self.backend {
             Backend::Local { server, .. } => server.endpoint(),
             _ => panic!("TestEnv::server needs TestEnv::start_local"),
+        }
+    }
+
+    /// The validating shadow, for a test's own proxy in front of
+    /// [`TestEnv::server`]: its requests are checked as the environment's are.
+    pub fn shadow(&self) -> Option<String> {
+        match &self.backend {
+            Backend::Local { shadow, .. } => Some(shadow.endpoint().to_string()),
+            _ => panic!("TestEnv::shadow needs TestEnv::start_local"),
+        }
+    }
+
+    /// The environment's own proxy (local server only): what strict
+    /// validation saw, refusals a test expects.
+    pub fn proxy(&self) -> &Proxy {
+        match &self.backend {
+            Backend::Local { proxy, .. } => proxy,
+            _ => panic!("TestEnv::proxy needs TestEnv::start_local"),
         }
     }
 
@@ -400,6 +436,21 @@ pub async fn shared_server() -> &'static LocalServer {
             server
         })
         .await
+}
+
+/// One validating shadow for the whole test binary, beside
+/// [`shared_server`], for the proxies tests start in front of it.
+pub async fn shared_shadow() -> String {
+    static SHADOW: OnceCell<ShadowServer> = OnceCell::const_new();
+    SHADOW
+        .get_or_init(|| async {
+            ShadowServer::start().await.unwrap_or_else(|e| {
+                panic!("the validating shadow did not start (run scripts/install-deps): {e:#}")
+            })
+        })
+        .await
+        .endpoint()
+        .to_string()
 }
 
 /// Names the test that [`rerun_alone`] runs in a process of its own.

@@ -25,6 +25,8 @@ pub struct Double {
     /// Shards whose records were trimmed: GetRecords answers TrimmedDataAccessException.
     pub trimmed: Vec<&'static str>,
     pub calls: Mutex<Vec<String>>,
+    /// Records a test appends to a shard while it runs (after its `records`).
+    pub appended: Mutex<std::collections::BTreeMap<&'static str, Vec<Json>>>,
 }
 
 pub fn record(seq: u64, kind: &str, old: Option<Json>, new: Option<Json>) -> Json {
@@ -51,6 +53,30 @@ fn error(kind: &str) -> (u16, Json) {
 }
 
 impl Double {
+    /// Appends `record` to shard `id`, readable from the next GetRecords.
+    pub fn append(&self, id: &'static str, record: Json) {
+        self.appended
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .push(record);
+    }
+
+    /// Shard `s`'s records: recorded, then appended.
+    fn records_of(&self, s: &Shard) -> Vec<Json> {
+        let mut out = s.records.clone();
+        out.extend(
+            self.appended
+                .lock()
+                .unwrap()
+                .get(s.id)
+                .cloned()
+                .unwrap_or_default(),
+        );
+        out
+    }
+
     fn answer(&self, target: &str, body: &Json) -> (u16, Json) {
         self.calls.lock().unwrap().push(target.to_string());
         match target {
@@ -87,13 +113,14 @@ impl Double {
                 let Some(s) = self.shards.iter().find(|s| s.id == shard) else {
                     return error("ResourceNotFoundException");
                 };
+                let records = self.records_of(s);
                 let pos = match body["ShardIteratorType"].as_str() {
                     Some("AFTER_SEQUENCE_NUMBER") => {
                         let after = body["SequenceNumber"].as_str().unwrap();
-                        s.records
+                        records
                             .iter()
                             .position(|r| r["dynamodb"]["SequenceNumber"].as_str().unwrap() > after)
-                            .unwrap_or(s.records.len())
+                            .unwrap_or(records.len())
                     }
                     _ => 0,
                 };
@@ -115,9 +142,10 @@ impl Double {
                 let s = self.shards.iter().find(|s| s.id == shard).unwrap();
                 let pos: usize = pos.parse().unwrap();
                 // Two records a call, so pages and checkpoints happen mid-shard.
-                let end = (pos + 2).min(s.records.len());
-                let mut out = json!({"Records": s.records[pos..end].to_vec()});
-                if end < s.records.len() || !s.closed {
+                let records = self.records_of(s);
+                let end = (pos + 2).min(records.len());
+                let mut out = json!({"Records": records[pos..end].to_vec()});
+                if end < records.len() || !s.closed {
                     out["NextShardIterator"] = json!(format!("{shard}|{end}"));
                 }
                 (200, out)

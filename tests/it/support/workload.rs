@@ -5,12 +5,15 @@
 //! the seeded item generators of the backfill, verify and analyze tests
 //! (tenant orders of every attribute type, colliding pairs, unmatched items).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use rekey::core::plan::Plan;
-use rekey::core::value::Item;
+use rekey::core::value::{Item, Value};
 
 use super::plan::orders_by_status;
 use super::{TestEnv, item, pk_only, pk_sk};
@@ -257,4 +260,56 @@ pub fn with_collisions_and_unmatched(mut orders: Vec<Item>) -> Vec<Item> {
     ]));
     orders.extend(unmatched(7));
     orders
+}
+
+/// The application: puts order `1000 + n % ids` with `v = n` (its status
+/// fixed by its id, so its target key never moves), one at a time, and logs
+/// each acknowledged put: id → the last `v` acknowledged.
+pub async fn app(
+    env: &TestEnv,
+    table: &str,
+    ids: u64,
+    stop: &AtomicBool,
+    acked: &Mutex<BTreeMap<u64, u64>>,
+) {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let id = 1000 + n % ids;
+        let it = order(id, STATUSES[(id % 3) as usize], n);
+        env.clients
+            .dynamodb
+            .put_item()
+            .table_name(table)
+            .set_item(Some(rekey::aws::to_sdk_item(&it)))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("application: {}", rekey::aws::error_chain(&e)));
+        acked.lock().unwrap().insert(id, n);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every put of `before` is in the target: the item of each id holds that
+/// `v` or a later one.
+pub async fn check_covered(env: &TestEnv, target: &str, before: &BTreeMap<u64, u64>) {
+    let mut got: BTreeMap<u64, u64> = BTreeMap::new();
+    for it in env.scan_all(target).await {
+        let (Some(Value::S(sk)), Some(Value::N(v))) = (it.get("SK"), it.get("v")) else {
+            continue;
+        };
+        let id: u64 = sk.trim_start_matches("O#").parse().unwrap();
+        let v: u64 = v.parse().unwrap();
+        let e = got.entry(id).or_default();
+        *e = (*e).max(v);
+    }
+    let behind: Vec<_> = before
+        .iter()
+        .filter(|(id, v)| got.get(id).is_none_or(|g| g < v))
+        .map(|(id, v)| (id, v, got.get(id)))
+        .collect();
+    assert!(
+        behind.is_empty(),
+        "acknowledged before the barrier, missing from the target once it was met (id, v, target's v): {behind:?}"
+    );
 }

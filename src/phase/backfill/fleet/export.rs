@@ -113,7 +113,7 @@ impl UnitDrive {
             Checkpoint::Done => return Ok(true),
             Checkpoint::Beginning => 0,
             Checkpoint::Lines(n) => *n,
-            Checkpoint::After(_) => {
+            Checkpoint::After(_) | Checkpoint::Partial { .. } => {
                 anyhow::bail!(
                     "unit {}: a Scan checkpoint on an export file's unit",
                     unit.n
@@ -132,15 +132,21 @@ impl UnitDrive {
         };
         let whole = read_file_pages(&files.reader, file, read, |p: FilePage| {
             let page_no = pages.fetch_add(1, Ordering::SeqCst);
-            let me = self.clone();
+            let (me, stop) = (self.clone(), stop.clone());
             async move {
+                let lines = p.lines;
                 let read = PageRead {
                     items: p.items,
                     unreadable: p.bad.len() as u64,
+                    room: 0,
                     bad: p.bad,
-                    checkpoint: Checkpoint::Lines(p.lines),
+                    // Stopped mid-page: an export page is a few hundred
+                    // lines, read again from the last commit.
+                    checkpoint: Box::new(move |partial| {
+                        partial.is_none().then_some(Checkpoint::Lines(lines))
+                    }),
                 };
-                me.commit_read(l, read, page_no).await
+                me.commit_read(l, read, page_no, &stop).await
             }
         })
         .await?;

@@ -7,6 +7,7 @@
 
 use super::*;
 use crate::state::fleet::Checkpoint;
+use std::collections::BTreeSet;
 
 /// The lease on a unit is gone (its commit was refused, or the fence
 /// closed): the unit stops at once, and another worker goes on from its
@@ -50,6 +51,9 @@ where
         Checkpoint::Done => return Ok(true),
         Checkpoint::Beginning => SegmentStart::Beginning,
         Checkpoint::After(k) => SegmentStart::After(k.clone()),
+        Checkpoint::Partial { from, .. } => from
+            .clone()
+            .map_or(SegmentStart::Beginning, SegmentStart::After),
         Checkpoint::Lines(_) => {
             anyhow::bail!(
                 "unit {}: an export file's checkpoint on a Scan segment",
@@ -68,14 +72,18 @@ where
     };
     let page_no = Arc::new(AtomicU64::new(unit.page));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (pages, finished) = (page_no.clone(), done.clone());
+    let (pages, finished, stop) = (page_no.clone(), done.clone(), opts.stop.clone());
     scan::scan(clients, &opts, starts, scan.control, move |page: Page| {
         let (on_page, pages, finished) = (on_page.clone(), pages.clone(), finished.clone());
+        let stop = stop.clone();
         async move {
             let last = page.next.is_none();
             on_page(page, pages.load(Ordering::SeqCst)).await?;
             pages.fetch_add(1, Ordering::SeqCst);
-            finished.store(last, Ordering::SeqCst);
+            // After a stop the last page may have committed only its written
+            // part: the unit is through only if the checkpoint says so, and
+            // a stopped unit is released either way.
+            finished.store(last && !stop.is_cancelled(), Ordering::SeqCst);
             Ok(())
         }
     })
@@ -123,8 +131,16 @@ pub(super) struct PageRead {
     pub(super) items: Vec<Item>,
     pub(super) unreadable: u64,
     pub(super) bad: Vec<(Item, String)>,
-    pub(super) checkpoint: Checkpoint,
+    /// The checkpoint after the page, given what settled (None: all of it;
+    /// else, on a stop, the digests of the items counted); None: commit
+    /// nothing, the page is read again.
+    pub(super) checkpoint: EndOfPage,
+    /// How many settled items a partial checkpoint may name.
+    pub(super) room: usize,
 }
+
+/// How a page's checkpoint follows from what settled (see [`PageRead`]).
+pub(super) type EndOfPage = Box<dyn FnOnce(Option<Vec<String>>) -> Option<Checkpoint> + Send>;
 
 impl Drive for UnitDrive {
     fn run(
@@ -161,18 +177,23 @@ impl UnitDrive {
                 return self.run_file(&files, lines, unit, l, stop).await;
             }
         };
+        let carried = match &unit.checkpoint {
+            Checkpoint::Partial { done, .. } => done.iter().cloned().collect(),
+            _ => BTreeSet::new(),
+        };
+        let carried = Arc::new(std::sync::Mutex::new(carried));
         let scan = UnitScan {
             table: self.plan.source_table.clone(),
             segments,
             segment: unit.n,
             page_limit,
             control: self.control.clone(),
-            stop,
+            stop: stop.clone(),
         };
         let me = self.clone();
         scan_unit(&self.clients, scan, &unit, move |page, page_no| {
-            let me = me.clone();
-            async move { me.page(l, page, page_no).await }
+            let (me, stop, carried) = (me.clone(), stop.clone(), carried.clone());
+            async move { me.page(l, page, page_no, &stop, &carried).await }
         })
         .await
     }
@@ -189,19 +210,49 @@ impl UnitDrive {
         }
     }
 
-    /// One page of the Scan: see [`UnitDrive::commit_read`].
-    async fn page(&self, l: Lease, mut page: Page, page_no: u64) -> anyhow::Result<()> {
-        let checkpoint = match &page.next {
-            Some(k) => Checkpoint::After(k.clone()),
-            None => Checkpoint::Done,
-        };
+    /// One page of the Scan: see [`UnitDrive::commit_read`]. The items a
+    /// stop checkpointed mid-page (`carried`) are skipped, counted once.
+    async fn page(
+        &self,
+        l: Lease,
+        mut page: Page,
+        page_no: u64,
+        stop: &CancellationToken,
+        carried: &Arc<std::sync::Mutex<BTreeSet<String>>>,
+    ) -> anyhow::Result<()> {
+        let before = carried.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (items, met) = skip_counted(&self.plan, std::mem::take(&mut page.items), &before);
+        let (from, next, shared) = (page.from, page.next, carried.clone());
         let read = PageRead {
-            items: std::mem::take(&mut page.items),
+            room: MAX_SETTLED.saturating_sub(before.len()),
+            items,
             unreadable: page.unreadable,
             bad: Vec::new(),
-            checkpoint,
+            checkpoint: Box::new(move |partial| {
+                if partial.as_ref().is_some_and(Vec::is_empty) {
+                    return None;
+                }
+                let end = PageEnd {
+                    from,
+                    next,
+                    carried: before,
+                    met,
+                    partial,
+                };
+                let resume = end.resume();
+                let mut c = shared.lock().unwrap_or_else(|e| e.into_inner());
+                *c = match &resume {
+                    Resume::Partial { done, .. } => done.iter().cloned().collect(),
+                    _ => BTreeSet::new(),
+                };
+                Some(match resume {
+                    Resume::Done => Checkpoint::Done,
+                    Resume::After(k) => Checkpoint::After(k),
+                    Resume::Partial { from, done } => Checkpoint::Partial { from, done },
+                })
+            }),
         };
-        self.commit_read(l, read, page_no).await
+        self.commit_read(l, read, page_no, stop).await
     }
 
     /// Commits the unit's checkpoint and counters as of `pages` commits,
@@ -236,15 +287,23 @@ impl UnitDrive {
         l: Lease,
         read: PageRead,
         page_no: u64,
+        stop: &CancellationToken,
     ) -> anyhow::Result<()> {
         self.fence(l)?;
         let shared = self.shared.clone();
         let fence = move || shared.may_write(l.unit, l);
-        let (mut counts, mut rejects) = self.process(read.items, &fence).await?;
-        counts.scanned += read.unreadable;
-        counts.rejected += read.unreadable;
-        rejects.extend(read.bad);
-        let checkpoint = read.checkpoint;
+        let settled = self.process(read.items, &fence, stop, read.room).await?;
+        let (mut counts, mut rejects) = (settled.counts, settled.rejects);
+        if settled.partial.is_none() {
+            // Unreadable records and bad lines have no key to name: counted
+            // when their page is whole (a stopped page is read again).
+            counts.scanned += read.unreadable;
+            counts.rejected += read.unreadable;
+            rejects.extend(read.bad);
+        }
+        let Some(checkpoint) = (read.checkpoint)(settled.partial) else {
+            return Ok(());
+        };
         // Lines first, durably; a page whose commit never lands is read again
         // and its lines written again, under a later lease (readers keep the
         // committing lease's lines: `state::fleet::committed_lease`).
@@ -278,15 +337,17 @@ impl UnitDrive {
         &self,
         items: Vec<Item>,
         fence: &(dyn Fn() -> bool + Sync),
-    ) -> anyhow::Result<(Counters, Vec<(Item, String)>)> {
+        stop: &CancellationToken,
+        room: usize,
+    ) -> anyhow::Result<Settled> {
         let mut page = transform_page(&self.plan, items);
         if self.claims {
             let keys = page.claim_keys(&self.plan);
             let owners = self.claim(&keys).await?;
             page.keep_owned(&keys, owners);
         }
-        let refusals = self.writer.write_fenced(&page.puts, fence).await?;
-        Ok(page.written(refusals))
+        let answers = self.writer.write_fenced(&page.puts, fence, stop).await?;
+        Ok(page.written(&self.plan, answers, room))
     }
 
     /// Claims each target key in the control table, before the write as
