@@ -1,42 +1,53 @@
 //! Calls on single items — PutItem, DeleteItem, GetItem, a conditional
 //! UpdateItem — and BatchGetItem, in rekey's types. The retry policy around
 //! them (rate budgets, throttles) is the caller's, except BatchGetItem's
-//! UnprocessedKeys, which only this call can see.
+//! UnprocessedKeys, which only this call can see, and the transient failures
+//! of the idempotent three (crate::aws::retry::transient).
 
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::{KeysAndAttributes, ReturnConsumedCapacity};
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter};
+use crate::aws::retry::{backoff, jitter, transient};
 use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
 use crate::core::value::{Item, Value, encode_key};
 
 /// Keys per BatchGetItem call (DynamoDB's maximum).
 pub const GET_BATCH: usize = 100;
 
+/// PutItem, made again on a transient failure (it is idempotent).
 pub async fn put_item(clients: &Clients, table: &str, item: &Item) -> Result<(), AwsError> {
-    clients
-        .dynamodb
-        .put_item()
-        .table_name(table)
-        .set_item(Some(to_sdk_item(item)))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| clients.error("PutItem", table, e))
+    let item = to_sdk_item(item);
+    transient(|| async {
+        clients
+            .dynamodb
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item.clone()))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| clients.error("PutItem", table, e))
+    })
+    .await
 }
 
+/// DeleteItem, made again on a transient failure (it is idempotent).
 pub async fn delete_item(clients: &Clients, table: &str, key: &Item) -> Result<(), AwsError> {
-    clients
-        .dynamodb
-        .delete_item()
-        .table_name(table)
-        .set_key(Some(to_sdk_item(key)))
-        .send()
-        .await
-        .map(|_| ())
-        .map_err(|e| clients.error("DeleteItem", table, e))
+    let key = to_sdk_item(key);
+    transient(|| async {
+        clients
+            .dynamodb
+            .delete_item()
+            .table_name(table)
+            .set_key(Some(key.clone()))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| clients.error("DeleteItem", table, e))
+    })
+    .await
 }
 
 /// The item, or None if there is none.
@@ -46,16 +57,20 @@ pub async fn get_item(
     key: &Item,
     consistent: bool,
 ) -> Result<Option<Item>, AwsError> {
-    clients
-        .dynamodb
-        .get_item()
-        .table_name(table)
-        .set_key(Some(to_sdk_item(key)))
-        .consistent_read(consistent)
-        .send()
-        .await
-        .map(|o| o.item.and_then(from_sdk_item))
-        .map_err(|e| clients.error("GetItem", table, e))
+    let key = to_sdk_item(key);
+    transient(|| async {
+        clients
+            .dynamodb
+            .get_item()
+            .table_name(table)
+            .set_key(Some(key.clone()))
+            .consistent_read(consistent)
+            .send()
+            .await
+            .map(|o| o.item.and_then(from_sdk_item))
+            .map_err(|e| clients.error("GetItem", table, e))
+    })
+    .await
 }
 
 /// An UpdateItem's expressions, every name and value through a placeholder.

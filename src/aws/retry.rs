@@ -24,6 +24,33 @@ pub fn jitter() -> f64 {
     (h.finish() % 1_000_000) as f64 / 1_000_000.0
 }
 
+/// Attempts of a single-item call (GetItem, PutItem, DeleteItem) before a
+/// transient failure — a 5xx, a connection reset — is the caller's.
+pub const ITEM_ATTEMPTS: u32 = 10;
+
+/// `call` again after a backoff while it fails transiently (crate::aws::AwsError::is_transient),
+/// up to [`ITEM_ATTEMPTS`]: for idempotent calls only. The SDK's own retries
+/// do not take a connection closed mid-request for transient, and a long
+/// tail must not stop on one. Throttles go back to the caller, whose rate
+/// they concern.
+pub async fn transient<T, F, Fut>(mut call: F) -> Result<T, crate::aws::AwsError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::aws::AwsError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Err(e) if e.is_transient() && attempt + 1 < ITEM_ATTEMPTS => {
+                tracing::info!(error = %e, attempt, "retrying");
+                tokio::time::sleep(backoff(attempt, jitter())).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// For calls whose throttles rekey's own loop retries (BatchWriteItem): the
 /// SDK hands a throttle back at once instead of retrying it itself, which
 /// would send it again unpaced and unseen by the adaptive rate, holding the
@@ -60,6 +87,51 @@ impl ClassifyRetry for ThrottlesToCaller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reset() -> crate::aws::AwsError {
+        use crate::aws::endpoint::{Endpoint, Service, Source};
+        crate::aws::AwsError::Unreachable {
+            endpoint: std::sync::Arc::new(Endpoint {
+                service: Service::DynamoDb,
+                url: "http://127.0.0.1:1".into(),
+                source: Source::Flag,
+            }),
+            detail: "connection closed before message completed".into(),
+        }
+    }
+
+    /// Regression: a connection reset on a tail's GetItem (the guard) or a
+    /// marker's DeleteItem stopped the tail, and `run` with it: the SDK does
+    /// not retry a connection closed mid-request.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_is_made_again_and_a_refusal_is_not() {
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let got = transient(|| async {
+            match calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+                0..=2 => Err(reset()),
+                _ => Ok(7),
+            }
+        })
+        .await;
+        assert_eq!((got.ok(), calls.into_inner()), (Some(7), 4));
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let got: Result<(), _> = transient(|| async {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(crate::aws::AwsError::Schema {
+                table: "t".into(),
+                detail: "no".into(),
+            })
+        })
+        .await;
+        assert!(got.is_err() && calls.into_inner() == 1);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let got: Result<(), _> = transient(|| async {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(reset())
+        })
+        .await;
+        assert!(got.is_err() && calls.into_inner() == ITEM_ATTEMPTS);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::aws::{Clients, item};
+use crate::aws::retry::{backoff, jitter};
+use crate::aws::{AwsError, Clients, item};
 use crate::core::marker::{Marker, marker_item_in};
 use crate::phase::error::InputError;
 use crate::state::markers::{Ledger, Round};
@@ -76,7 +77,7 @@ impl Markers<'_> {
                 };
                 if write {
                     let item = marker_item_in(self.key, self.table, &m).map_err(InputError)?;
-                    item::put_item(self.clients, self.table, &item)
+                    retried(|| item::put_item(self.clients, self.table, &item))
                         .await
                         .with_context(|| {
                             format!("writing drain marker {i} into `{}`", self.table)
@@ -92,7 +93,7 @@ impl Markers<'_> {
                     },
                 )
                 .map_err(InputError)?;
-                item::delete_item(self.clients, self.table, &key)
+                retried(|| item::delete_item(self.clients, self.table, &key))
                     .await
                     .with_context(|| format!("deleting drain marker {i} from `{}`", self.table))?;
                 anyhow::Ok(())
@@ -101,6 +102,29 @@ impl Markers<'_> {
             .try_collect::<Vec<()>>()
             .await?;
         Ok(())
+    }
+}
+
+/// Throttles of one marker write before the round fails: retried here, as
+/// rekey's own loops retry its other writes (transient failures are retried
+/// by crate::aws::item itself).
+const MARKER_ATTEMPTS: u32 = 10;
+
+async fn retried<F, Fut>(mut call: F) -> Result<(), AwsError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), AwsError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match call().await {
+            Err(e) if e.is_throttle() && attempt + 1 < MARKER_ATTEMPTS => {
+                tracing::info!(error = %e, attempt, "a marker write throttled");
+                tokio::time::sleep(backoff(attempt, jitter())).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
     }
 }
 

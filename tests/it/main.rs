@@ -30,6 +30,7 @@ mod ops;
 mod proxy;
 mod query;
 mod rollback;
+mod soak;
 mod stop;
 mod suggest;
 mod tail;

@@ -75,8 +75,9 @@ async fn exact(o: &Orders) -> (usize, usize, usize) {
             }
         }
     }
-    let sources = o.env.scan_all(&o.source).await.len();
-    let targets = o.env.scan_all(&o.target).await.len();
+    let count = |items: Vec<Item>| items.iter().filter(|i| !is_marker(i)).count();
+    let sources = count(o.env.scan_all(&o.source).await);
+    let targets = count(o.env.scan_all(&o.target).await);
     assert_eq!(
         (d, sources),
         (d, targets),
@@ -367,7 +368,7 @@ async fn statuses(env: &TestEnv, table: &str) -> HashMap<u64, &'static str> {
     env.scan_all(table)
         .await
         .iter()
-        .filter(|i| !matches!(i.get("PK"), Some(rekey::core::value::Value::S(pk)) if pk.starts_with(rekey::core::marker::MARKER_PREFIX)))
+        .filter(|i| !is_marker(i))
         .map(|i| {
             let Some(rekey::core::value::Value::S(pk)) = i.get("PK") else {
                 panic!("{i:?}")
@@ -495,6 +496,8 @@ async fn cut_over_roll_back_and_cut_over_again_under_live_writes_and_kill_9() {
     let (f, r) = tokio::join!(wait_output(forward), wait_output(reverse));
     assert!(f.status.success() && r.status.success(), "both tails end");
     assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+    assert_no_markers(&o.env, &o.source).await;
+    assert_no_markers(&o.env, &o.target).await;
 }
 
 /// Regression (issue 24): `verify --reverse` re-checked a candidate with a
@@ -682,6 +685,8 @@ async fn run_starts_the_reverse_tail_after_cutover_and_finish_ends_both() {
     let out = wait_output(run).await;
     assert!(out.status.success(), "run: {}", stderr(&out));
     assert_eq!(exact(&o).await, (0, 0, 0), "exact at the end");
+    assert_no_markers(&o.env, &o.source).await;
+    assert_no_markers(&o.env, &o.target).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,9 @@ pub mod plan;
 pub mod streams_double;
 pub mod workload;
 
-pub use client::{expected_target, pk_only, pk_sk, target_vs_transform};
+pub use client::{
+    assert_no_markers, expected_target, is_marker, pk_only, pk_sk, target_vs_transform,
+};
 pub use plan::{PlanText, Rule};
 pub use workload::Rng;
 
