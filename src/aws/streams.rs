@@ -284,8 +284,8 @@ const MAX_RETRIES: u32 = 10;
 /// Whether a GetRecords page ended because the shard had nothing more, not at
 /// a limit: fewer records than asked for, and room left for one more of the
 /// largest size (so the 1 MB cap did not cut it either).
-fn drained(count: usize, bytes: i64) -> bool {
-    count < PAGE as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
+fn drained(count: usize, bytes: i64, limit: i32) -> bool {
+    count < limit.max(1) as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
 }
 
 /// One GetRecords call: throttles and transient failures are retried with
@@ -294,6 +294,7 @@ pub async fn get_records(
     clients: &Clients,
     stream: &str,
     iterator: &str,
+    limit: i32,
 ) -> Result<Page, ReadError> {
     let mut failures = 0;
     loop {
@@ -301,7 +302,7 @@ pub async fn get_records(
             .streams
             .get_records()
             .shard_iterator(iterator)
-            .limit(PAGE)
+            .limit(limit)
             .send()
             .await;
         let out = match out {
@@ -335,7 +336,7 @@ pub async fn get_records(
         return Ok(Page {
             records,
             next: out.next_shard_iterator,
-            drained: drained(count, bytes),
+            drained: drained(count, bytes, limit),
         });
     }
 }
@@ -469,10 +470,14 @@ mod tests {
 
     #[test]
     fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
-        assert!(drained(0, 0));
-        assert!(drained(999, 999 * 100));
-        assert!(!drained(1000, 1000 * 100), "cut at 1,000 records");
-        assert!(!drained(3, 3 * 300 * 1024), "maybe cut at 1 MB");
-        assert!(drained(1, 500 * 1024), "another 400 KB item would have fit");
+        assert!(drained(0, 0, PAGE));
+        assert!(drained(999, 999 * 100, PAGE));
+        assert!(!drained(1000, 1000 * 100, PAGE), "cut at 1,000 records");
+        assert!(!drained(3, 3 * 300 * 1024, PAGE), "maybe cut at 1 MB");
+        assert!(
+            drained(1, 500 * 1024, PAGE),
+            "another 400 KB item would have fit"
+        );
+        assert!(!drained(100, 100 * 100, 100), "cut at the limit asked for");
     }
 }

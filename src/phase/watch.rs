@@ -127,16 +127,17 @@ impl Watch {
                     streams::shard_iterator(&self.clients, &self.stream, &id, start).await?
                 }
             };
-            let page = match streams::get_records(&self.clients, &self.stream, &it).await {
-                Ok(p) => p,
-                // An expired iterator is re-made from the last record read;
-                // one that never read a record started at LATEST, which
-                // cannot be re-made: the watch has a gap.
-                Err(ReadError::Expired) if w.seq.is_some() => continue,
-                Err(e) => {
-                    return Err(anyhow::Error::from(e).context(format!("watching shard {id}")));
-                }
-            };
+            let page =
+                match streams::get_records(&self.clients, &self.stream, &it, streams::PAGE).await {
+                    Ok(p) => p,
+                    // An expired iterator is re-made from the last record read;
+                    // one that never read a record started at LATEST, which
+                    // cannot be re-made: the watch has a gap.
+                    Err(ReadError::Expired) if w.seq.is_some() => continue,
+                    Err(e) => {
+                        return Err(anyhow::Error::from(e).context(format!("watching shard {id}")));
+                    }
+                };
             for r in page.records {
                 w.seq = Some(r.seq);
                 if let Some(at) = r.created_at {

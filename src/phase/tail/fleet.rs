@@ -607,7 +607,8 @@ impl Ctx {
             }
         };
         let read_at = now_secs();
-        let page = match streams::get_records(&self.clients, &self.stream, &it).await {
+        let page = match streams::get_records(&self.clients, &self.stream, &it, streams::PAGE).await
+        {
             Ok(p) => p,
             Err(ReadError::Expired) => return Ok(true),
             Err(ReadError::Trimmed) => anyhow::bail!(

@@ -366,6 +366,10 @@ pub async fn run(
                 break;
             };
             got_any |= got?;
+            // A turn over many shards with much to apply can outlast the 30 s
+            // after which readers take a silent tail for a dead one: the
+            // status goes out as it goes (at most about once a second).
+            t.publish(&turn, progress, true)?;
         }
         if opts.stop.is_cancelled() {
             break;
@@ -520,7 +524,14 @@ impl<'a> Tail<'a> {
                 streams::shard_iterator(self.clients, stream, shard, start).await?
             }
         };
-        let out = match streams::get_records(self.clients, stream, &iterator).await {
+        // A guarded tail applies a record at a time (a read, then a conditional
+        // write): smaller pages keep its turns, and so its status, moving.
+        let limit = if self.guarded() {
+            GUARDED_PAGE
+        } else {
+            streams::PAGE
+        };
+        let out = match streams::get_records(self.clients, stream, &iterator, limit).await {
             Ok(o) => o,
             // Re-get it from the checkpoint: nothing is skipped or repeated.
             Err(ReadError::Expired) => return Ok(false),
@@ -605,6 +616,12 @@ struct Turn {
 /// of markers into the table it reads, so that quiet shards show a record
 /// and its lag and `applied_through` stay current (crate::phase::barrier).
 pub(super) const PROBE_AFTER_SECONDS: f64 = 2.0;
+
+/// Records per GetRecords page of a guarded tail (crate::phase::tail::guard):
+/// it applies one at a time, and a page of DynamoDB's 1,000 took longer than
+/// the 30 s after which readers (verify's wait, cutover's gates) take a
+/// silent tail for a dead one.
+const GUARDED_PAGE: i32 = 100;
 
 /// How long a stopping tail spends sweeping a probe it cut short; what is
 /// left then is swept by the next run.
