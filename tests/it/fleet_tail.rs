@@ -112,26 +112,42 @@ async fn three_workers_backfill_and_tail_one_killed_while_buffering_the_target_i
         .collect();
     let app = writer(&env, source.clone(), 1500, 1000, Rng::from_time().next());
     let kill = async {
-        // The shard's holder, once it has committed a chunk and while the
-        // backfill is not done: mid-buffer.
-        wait_for(
-            &fleet,
-            "a buffer chunk committed during the backfill",
-            |s| {
-                let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
-                backfilling && victim_of(s, |u| u.cp.chunks >= 1 && !u.cp.live).is_some()
-            },
-        )
-        .await;
-        let s = snapshot(&fleet).await;
-        let victim = victim_of(&s, |u| u.cp.chunks >= 1 && !u.cp.live).unwrap();
-        assert!(
-            s.meta.as_ref().unwrap().done_ms.is_none(),
-            "still backfilling when killed"
-        );
-        kill_9(workers.get_mut(&victim).unwrap());
-        eprintln!("{victim} killed while holding the shard mid-buffer");
-        victim
+        loop {
+            // The shard's holder, once it has committed a chunk and while the
+            // backfill is not done: mid-buffer.
+            wait_for(
+                &fleet,
+                "a buffer chunk committed during the backfill",
+                |s| {
+                    let backfilling = s.meta.as_ref().is_some_and(|m| m.done_ms.is_none());
+                    backfilling && victim_of(s, |u| u.cp.chunks >= 1 && !u.cp.live).is_some()
+                },
+            )
+            .await;
+            let s = snapshot(&fleet).await;
+            let victim = victim_of(&s, |u| u.cp.chunks >= 1 && !u.cp.live).unwrap();
+            assert!(
+                s.meta.as_ref().unwrap().done_ms.is_none(),
+                "still backfilling when killed"
+            );
+            kill_9(workers.get_mut(&victim).unwrap());
+            // Between the snapshot and the kill the holder may have handed the
+            // shard back (a re-balance): then the kill missed, and the
+            // worker is started again for another try.
+            let after = snapshot(&fleet).await;
+            let handed_back = after.shards[0]
+                .grants
+                .iter()
+                .filter(|g| g.owner == victim)
+                .max_by_key(|g| g.lease)
+                .is_some_and(|g| g.released);
+            if !handed_back {
+                eprintln!("{victim} killed while holding the shard mid-buffer");
+                break victim;
+            }
+            eprintln!("{victim} had handed the shard back before the kill: again");
+            workers.insert(victim.clone(), start(&victim));
+        }
     };
     let (ops, victim) = tokio::join!(app, kill);
     let app_done_ms = chrono::Utc::now().timestamp_millis();

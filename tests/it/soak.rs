@@ -295,6 +295,9 @@ impl World {
         let extra = vec![
             ("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint()),
             ("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", front.endpoint()),
+            // The SDK's default attempts, as an operator runs rekey (the rest
+            // of the suite runs with 1, so that rekey's own retries show).
+            ("AWS_MAX_ATTEMPTS", "3".to_string()),
         ];
         Ok(World {
             _proxy: proxy,
