@@ -508,7 +508,6 @@ impl World {
     async fn source_app(&self, ops: usize, seed: u64) {
         let mut rng = Rng(seed);
         let c = &self.env.clients.dynamodb;
-        let fail = |e: String| panic!("source application: {e}");
         for n in 0..ops {
             let id = rng.below(IDS);
             let key = AttributeValue::S(format!("O#{id}"));
@@ -526,8 +525,7 @@ impl World {
                         .send()
                         .await
                         .map(drop)
-                        .map_err(|e| rekey::aws::error_chain(&e))
-                        .unwrap_or_else(fail);
+                        .unwrap_or_else(|e| acked("source", &e));
                     self.record(id, Some((status.into(), v)));
                 }
                 4..=5 => {
@@ -548,7 +546,7 @@ impl World {
                         Err(e)
                             if e.as_service_error()
                                 .is_some_and(|s| s.is_conditional_check_failed_exception()) => {}
-                        Err(e) => fail(rekey::aws::error_chain(&e)),
+                        Err(e) => acked("source", &e),
                     }
                 }
                 6..=7 => {
@@ -558,8 +556,7 @@ impl World {
                         .send()
                         .await
                         .map(drop)
-                        .map_err(|e| rekey::aws::error_chain(&e))
-                        .unwrap_or_else(fail);
+                        .unwrap_or_else(|e| acked("source", &e));
                     self.record(id, None);
                 }
                 _ => {
@@ -570,8 +567,7 @@ impl World {
                         .send()
                         .await
                         .map(drop)
-                        .map_err(|e| rekey::aws::error_chain(&e))
-                        .unwrap_or_else(fail);
+                        .unwrap_or_else(|e| acked("source", &e));
                     self.record(id, Some((status.into(), v)));
                 }
             }
@@ -586,7 +582,6 @@ impl World {
     async fn target_app(&self, ops: usize, seed: u64) {
         let mut rng = Rng(seed);
         let c = &self.env.clients.dynamodb;
-        let fail = |e: String| panic!("target application: {e}");
         let key = |id: u64, status: &str| -> std::collections::HashMap<String, AttributeValue> {
             let (pk, sk) = target_key(id, status);
             [
@@ -606,8 +601,7 @@ impl World {
                         .send()
                         .await
                         .map(drop)
-                        .map_err(|e| rekey::aws::error_chain(&e))
-                        .unwrap_or_else(fail);
+                        .unwrap_or_else(|e| acked("target", &e));
                     self.record(id, None);
                 }
                 continue;
@@ -623,8 +617,7 @@ impl World {
                     .send()
                     .await
                     .map(drop)
-                    .map_err(|e| rekey::aws::error_chain(&e))
-                    .unwrap_or_else(fail);
+                    .unwrap_or_else(|e| acked("target", &e));
                 self.record(id, None);
             }
             let mut item = key(id, status);
@@ -636,8 +629,7 @@ impl World {
                 .send()
                 .await
                 .map(drop)
-                .map_err(|e| rekey::aws::error_chain(&e))
-                .unwrap_or_else(fail);
+                .unwrap_or_else(|e| acked("target", &e));
             self.record(id, Some((status.into(), v)));
             if n % 25 == 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -719,6 +711,11 @@ impl World {
             }
         }
     }
+}
+
+/// An application write DynamoDB did not acknowledge: the trial cannot go on.
+fn acked(side: &str, e: &(dyn std::error::Error + 'static)) {
+    panic!("{side} application: {}", rekey::aws::error_chain(e))
 }
 
 /// The target key of order `id` with `status`, as the plan's rule
