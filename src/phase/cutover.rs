@@ -34,7 +34,7 @@ use crate::aws::control::ControlTable;
 use crate::core::plan::Plan;
 use crate::phase::barrier::{self, DrainOptions};
 use crate::phase::progress::Progress;
-use crate::phase::tail::Flow;
+use crate::phase::tail::{Flow, line};
 use crate::state::StateDir;
 use crate::state::StateStore;
 use crate::state::fleet::shard::{self as shard_state, ShardUnit};
@@ -488,6 +488,26 @@ pub async fn rollback(
     switch(clients, plan, opts, progress, Flow::Reverse).await
 }
 
+/// Before a cutover, where a rollback is possible: the reverse tail's start
+/// line (crate::phase::tail::line), drawn while only rekey writes the
+/// target, so a reverse tail started after the application has moved
+/// carries back every write it made and nothing of rekey's.
+async fn reverse_line(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &CutoverOptions,
+    progress: &Progress,
+) -> anyhow::Result<()> {
+    if line::reversible(clients, plan).await?.is_err() || opts.state_dir.reverse_line().exists() {
+        return Ok(());
+    }
+    progress.note("drawing the reverse tail's start line through the target's stream");
+    line::ensure(clients, plan, &opts.state_dir, opts.drain_timeout)
+        .await
+        .map_err(|e| e.context("the reverse tail's start line (a rollback needs it)"))?;
+    Ok(())
+}
+
 /// Switch the application's table: forwards (cutover) or backwards (rollback).
 async fn switch(
     clients: &Clients,
@@ -552,6 +572,9 @@ async fn switch(
     };
     for g in &gates {
         progress.note(&format!("gate ok: {} — {}", g.name, g.detail));
+    }
+    if flow == Flow::Forward && opts.fleet.is_none() {
+        reverse_line(clients, plan, opts, progress).await?;
     }
     progress.note(&format!(
         "drain barrier: waiting for the {} to apply every {} write made until now",

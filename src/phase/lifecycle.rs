@@ -75,27 +75,8 @@ async fn reverse_after_cutover(
             () = forward.stop.cancelled() => return Ok(()),
         }
     }
-    let irreversible = crate::core::inverse::reversibility(plan)
-        .iter()
-        .any(|r| !r.reversible());
-    let info = clients.describe_table(&plan.target_table).await?;
-    let streamed = info
-        .stream
-        .as_ref()
-        .is_some_and(|s| s.view == "NEW_AND_OLD_IMAGES");
-    if irreversible || !streamed {
-        progress.note(&format!(
-            "cut over; no reverse tail, so no rollback: {}",
-            if irreversible {
-                "a rule is not reversible (`rekey check` says which)".to_string()
-            } else {
-                format!(
-                    "`{}` has no NEW_AND_OLD_IMAGES stream (aws dynamodb update-table --table-name {} \
-                     --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES)",
-                    plan.target_table, plan.target_table
-                )
-            }
-        ));
+    if let Err(why) = tail::line::reversible(clients, plan).await? {
+        progress.note(&format!("cut over; no reverse tail, so no rollback: {why}"));
         return Ok(());
     }
     progress.note("cut over: the reverse tail carries the target's writes back to the source (`rekey rollback` is possible)");

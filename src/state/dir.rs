@@ -84,6 +84,11 @@ impl StateDir {
         self.reverse_store().join("written.jsonl")
     }
 
+    /// Where the reverse tail starts (crate::phase::tail::line).
+    pub fn reverse_line(&self) -> PathBuf {
+        self.reverse_store().join("line.json")
+    }
+
     pub fn reverse_snapshot(&self) -> PathBuf {
         self.reverse_store().join("status.json")
     }

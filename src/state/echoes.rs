@@ -88,6 +88,17 @@ pub struct Echoes {
 
 impl Echoes {
     pub fn open(own: &Path, other: &Path) -> anyhow::Result<Echoes> {
+        Echoes::open_after(own, other, 0, &[])
+    }
+
+    /// Reading the other ledger from byte `from` on, with `taken` (entries of
+    /// records this side read before it began) already taken where announced.
+    pub fn open_after(
+        own: &Path,
+        other: &Path,
+        from: u64,
+        taken_before: &[Entry],
+    ) -> anyhow::Result<Echoes> {
         if let Some(dir) = own.parent() {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -106,14 +117,25 @@ impl Echoes {
             .append(true)
             .open(own)
             .with_context(|| format!("cannot open {}", own.display()))?;
-        Ok(Echoes {
+        let mut echoes = Echoes {
             own: file,
             other_path: other.to_path_buf(),
             other: None,
-            offset: 0,
+            offset: from,
             pending: HashMap::new(),
             taken,
-        })
+        };
+        // Their announcements precede their records, so they are read by now.
+        echoes.read_other()?;
+        for e in taken_before {
+            if let Some(n) = echoes.pending.get_mut(e) {
+                *n -= 1;
+                if *n == 0 {
+                    echoes.pending.remove(e);
+                }
+            }
+        }
+        Ok(echoes)
     }
 
     /// Announce a write before it is sent.
@@ -148,7 +170,11 @@ impl Echoes {
     fn read_other(&mut self) -> anyhow::Result<()> {
         if self.other.is_none() {
             match File::open(&self.other_path) {
-                Ok(f) => self.other = Some(BufReader::new(f)),
+                Ok(mut f) => {
+                    f.seek(SeekFrom::Start(self.offset))
+                        .context("cannot read the echo ledger")?;
+                    self.other = Some(BufReader::new(f));
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 Err(e) => {
                     return Err(e)

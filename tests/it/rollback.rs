@@ -205,6 +205,10 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
     let (plan_s, state_s) = (o.plan_path.to_str().unwrap(), o.state.to_str().unwrap());
     let reverse = ["reverse", plan_s, "--state-dir", state_s, "--json"];
     let mut rng = Rng::from_time();
+    // The reverse tail draws its start line before the application moves
+    // (as a cutover would: `phase::tail::line`).
+    let mut tail = o.env.spawn(&reverse);
+    wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
     // The application has moved to the target: moves, updates, deletes and
     // new orders (ids 400..500 are new), while the reverse tail is killed
     // three times at random points.
@@ -219,7 +223,6 @@ async fn reverse_tail_under_a_live_target_writer_survives_kill_9_and_converges()
         None,
     );
     let kills = async {
-        let mut tail = o.env.spawn(&reverse);
         for round in 0..3 {
             wait_for_status(rekey::state::StateDir::new(&o.state).reverse_snapshot()).await;
             tokio::time::sleep(Duration::from_millis(300 + rng.below(900))).await;
@@ -358,6 +361,45 @@ async fn both_tails_with_disjoint_writers_write_no_echo_and_both_tables_converge
         tail <= 2 * app,
         "tail writes {tail} > 2 × application writes {app}"
     );
+    assert_eq!(exact(&o).await, (0, 0, 0), "both tables exact");
+}
+
+/// Regression (CI: `both_tails_with_disjoint_writers…` lost an order): the
+/// reverse tail read the target's stream from its oldest record, so it took
+/// the backfill's and the forward tail's writes for the application's. An
+/// order the application had deleted from the source, and the forward tail
+/// not yet from the target, was written back into the source; the forward
+/// tail then took that write for the reverse tail's echo, and the order
+/// stayed in the source only. The reverse tail starts at a line drawn
+/// through the target's stream (`phase::tail::line`): nothing rekey wrote
+/// before it is written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reverse_tail_never_writes_back_what_rekey_wrote_to_the_target_before_it_started() {
+    let o = migrated(30).await;
+    // The application deletes one order and changes another while no
+    // forward tail runs: the target still holds both as rekey wrote them.
+    o.env
+        .clients
+        .dynamodb
+        .delete_item()
+        .table_name(&o.source)
+        .set_key(Some(rekey::aws::to_sdk_item(&item(
+            r#"{"PK":{"S":"O#1"}}"#,
+        ))))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("delete: {}", rekey::aws::error_chain(&e)));
+    o.env.put(&o.source, &[order(2, "OPEN", 2000)]).await;
+    let reverse = wait_output(idle_tail(&o, "reverse", "2")).await;
+    assert_eq!(
+        tail_writes(&reverse),
+        0,
+        "the reverse tail wrote rekey's writes back"
+    );
+    let held = statuses(&o.env, &o.source).await;
+    assert_eq!((held.get(&1), held.get(&2)), (None, Some(&"OPEN")));
+    // The forward tail carries both over; both tables exact.
+    tail_writes(&wait_output(idle_tail(&o, "tail", "2")).await);
     assert_eq!(exact(&o).await, (0, 0, 0), "both tables exact");
 }
 

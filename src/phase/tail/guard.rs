@@ -55,7 +55,11 @@ impl Tail<'_> {
         if self.echoes.is_none() {
             let flow = self.opts.flow;
             let dir = &self.opts.state_dir;
-            self.echoes = Some(Echoes::open(&flow.ledger(dir), &flow.other().ledger(dir))?);
+            let (own, other) = (flow.ledger(dir), flow.other().ledger(dir));
+            self.echoes = Some(match &self.line {
+                Some(l) => Echoes::open_after(&own, &other, l.ledger_from, &l.taken)?,
+                None => Echoes::open(&own, &other)?,
+            });
         }
         Ok(())
     }

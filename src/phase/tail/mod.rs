@@ -272,11 +272,15 @@ mod apply;
 pub mod fleet;
 mod flow;
 mod guard;
+pub mod line;
 mod publish;
 
 pub use flow::{Flow, Mapped, Mapper};
 
 const RETENTION_SECONDS: f64 = 24.0 * 3600.0;
+
+/// How long a reverse tail that finds no line waits for one to be drawn.
+const LINE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Whether barrier `b` is complete, given the instant before which every
 /// write is applied: a barrier is complete once that reaches its start
@@ -312,6 +316,8 @@ struct Tail<'a> {
     probed: Option<Instant>,
     /// Guarded: the echo ledgers (`guard`), opened when first needed.
     echoes: Option<crate::state::echoes::Echoes>,
+    /// Backwards: where the reverse tail starts ([`line`]).
+    line: Option<line::Line>,
 }
 
 pub async fn run(
@@ -327,7 +333,20 @@ pub async fn run(
     let info = clients.describe_table(flow.read_table(plan)).await?;
     info.check_key(flow.read_key(plan), flow.read_role())?;
     let stream = source_stream(&info, flow)?;
+    let line = match flow {
+        Flow::Forward => None,
+        Flow::Reverse => {
+            let drawn = line::ensure(clients, plan, &opts.state_dir, LINE_TIMEOUT);
+            let Some(drawn) = opts.stop.run_until_cancelled(drawn).await else {
+                return Err(Stopped.into());
+            };
+            Some(drawn?)
+        }
+    };
     let mut t = Tail::open(clients, plan, opts)?;
+    if let Some(line) = line {
+        t.start_at(line)?;
+    }
     let mut iterators: HashMap<String, String> = HashMap::new();
     let mut last_record = Instant::now();
     // The write budget's adaptive rate moves along its curve once a second
@@ -490,6 +509,7 @@ impl<'a> Tail<'a> {
             proven: None,
             probed: None,
             echoes: None,
+            line: None,
         })
     }
 
@@ -700,6 +720,28 @@ impl Tail<'_> {
             finished,
             ready,
         })
+    }
+
+    /// Backwards: a new store's shards start at the line; then the line is
+    /// kept for the echo ledgers.
+    fn start_at(&mut self, line: line::Line) -> anyhow::Result<()> {
+        if self.store.get::<String>("tail/line")?.is_none() {
+            let at = Some(now_secs());
+            let lined = line.lined.iter().map(|(s, seq)| (s, Some(seq.clone())));
+            let before = line.before.iter().map(|s| (s, None));
+            for (shard, seq) in lined.chain(before) {
+                let key = format!("tail/shard/{shard}");
+                // (A checkpoint of a reverse tail older than lines stands.)
+                if self.store.get::<ShardState>(&key)?.is_none() {
+                    let finished = seq.is_none();
+                    self.store.put(&key, &ShardState { seq, finished, at })?;
+                }
+            }
+            self.store.put("tail/line", &line.id)?;
+            self.store.flush()?;
+        }
+        self.line = Some(line);
+        Ok(())
     }
 
     /// Whether records are applied (else buffered): forwards once the
