@@ -17,9 +17,10 @@
 //! 1. Take a LATEST iterator on every open shard of the target's stream.
 //! 2. Create the reverse store's folder: from its next page on, the forward
 //!    tail announces every write (`Tail::guarded`).
-//! 3. If a forward tail runs, a drain barrier through it: once complete, the
-//!    forward tail has read a page begun after step 2, so every write it
-//!    makes from then on is announced.
+//! 3. If a forward tail runs, wait for its next status: it publishes
+//!    between pages, so every page it applied unannounced was done by then,
+//!    and every page after is announced. (A forward tail started after step
+//!    2 announces from its first page.)
 //! 4. Write marker items into the target, in rounds, until every open shard
 //!    has shown one (a child of a shard that has holds only later writes).
 //!    On each shard, everything before its first marker is rekey's; what the
@@ -41,7 +42,7 @@ use crate::aws::Clients;
 use crate::aws::streams::{self, ReadError, ShardInfo, Start, now_secs};
 use crate::core::marker::marker_in;
 use crate::core::plan::{Mode, Plan};
-use crate::phase::barrier::{self, DrainOptions, Markers, ROUND_EVERY, new_probe_id, round_size};
+use crate::phase::markers::{Markers, ROUND_EVERY, new_probe_id, round_size};
 use crate::state::StateDir;
 use crate::state::echoes::{Entry, entry};
 use crate::state::snapshot::{self, TailStatus};
@@ -124,23 +125,9 @@ pub async fn ensure(
     reading.known = at_start.into_iter().map(|s| s.id).collect();
     let ledger = Flow::Forward.ledger(dir);
     let ledger_from = std::fs::metadata(&ledger).map_or(0, |m| m.len());
+    let guarded_at = chrono::Utc::now();
     std::fs::create_dir_all(dir.reverse_store())?;
-    if forward_runs(dir)? {
-        let left = timeout.saturating_sub(started.elapsed());
-        let opts = DrainOptions {
-            state_dir: dir.clone(),
-            timeout: left,
-            flow: Flow::Forward,
-            fleet: None,
-        };
-        let drain = barrier::drain(clients, plan, &opts).await?;
-        anyhow::ensure!(
-            drain.complete,
-            "drawing the reverse tail's start line: the tail did not report drain barrier {} within {:.0} s",
-            drain.barrier,
-            drain.waited_seconds
-        );
-    }
+    forward_guarded(dir, guarded_at, timeout.saturating_sub(started.elapsed())).await?;
     let id = new_probe_id();
     let markers_ledger = dir.markers();
     let markers = Markers {
@@ -187,10 +174,27 @@ pub async fn ensure(
     }
 }
 
-/// Whether a forward tail is running (its status says so and its process lives).
-fn forward_runs(dir: &StateDir) -> anyhow::Result<bool> {
-    let status = snapshot::read::<TailStatus>(&Flow::Forward.snapshot(dir))?;
-    Ok(status.is_some_and(|s| !s.stopped && snapshot::alive(s.pid)))
+/// Step 3: returns once no forward tail runs, or the one that runs has
+/// published its status since `since`.
+async fn forward_guarded(
+    dir: &StateDir,
+    since: chrono::DateTime<chrono::Utc>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        match snapshot::read::<TailStatus>(&Flow::Forward.snapshot(dir))? {
+            Some(s) if !s.stopped && snapshot::alive(s.pid) && s.updated_at <= since => {}
+            _ => return Ok(()),
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "drawing the reverse tail's start line: the tail (pid in {}) has not published its status for {:.0} s",
+            Flow::Forward.snapshot(dir).display(),
+            timeout.as_secs_f64()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The shards being read up to their first marker.
