@@ -388,7 +388,8 @@ pub async fn poll_until(what: &str, timeout: std::time::Duration, mut ack: impl 
 }
 
 /// [`poll_until`] with an acknowledgement that must be read over the
-/// network (a control table, a status endpoint).
+/// network (a control table, a status endpoint): every 250 ms, since each
+/// read is work for the same server the process under test is using.
 pub async fn poll_until_async<F: std::future::Future<Output = bool>>(
     what: &str,
     timeout: std::time::Duration,
@@ -397,7 +398,7 @@ pub async fn poll_until_async<F: std::future::Future<Output = bool>>(
     let start = std::time::Instant::now();
     while !ack().await {
         assert!(start.elapsed() < timeout, "no {what} within {timeout:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 
