@@ -493,27 +493,11 @@ impl Shared {
                 }
             }
             "TransactWriteItems" => {
-                let Some(items) = req.get("TransactItems").and_then(Json::as_array) else {
-                    return Plan::Forward;
-                };
                 let mut charges = Vec::new();
-                for entry in items {
-                    let Some((kind, body)) = ["Put", "Update", "Delete"]
-                        .into_iter()
-                        .find_map(|k| Some((k, entry.get(k)?)))
-                    else {
-                        continue; // ConditionCheck: a read, not charged
-                    };
-                    let Some(t) = body.get("TableName").and_then(Json::as_str) else {
-                        continue;
-                    };
+                for (t, item, units) in transact_writes(req) {
                     let hash = self.hash_key(t).await;
-                    let (item, units) = match kind {
-                        "Put" => (body.get("Item"), None),
-                        _ => (body.get("Key"), Some(1.0)),
-                    };
                     if let Some(mut c) = charge(t, hash.as_deref(), item, units) {
-                        c.units *= 2.0;
+                        c.units *= 2.0; // a transaction writes twice
                         charges.push(c);
                     }
                 }
@@ -573,23 +557,9 @@ impl Shared {
                 (kind, charge.into_iter().collect())
             }
             "TransactWriteItems" => {
-                let items = req.get("TransactItems").and_then(Json::as_array);
                 let mut charges = Vec::new();
-                for entry in items.into_iter().flatten() {
-                    let Some((kind, body)) = ["Put", "Update", "Delete"]
-                        .into_iter()
-                        .find_map(|k| Some((k, entry.get(k)?)))
-                    else {
-                        continue; // ConditionCheck: a read, not charged
-                    };
-                    let Some(t) = body.get("TableName").and_then(Json::as_str) else {
-                        continue;
-                    };
+                for (t, item, units) in transact_writes(req) {
                     let schema = self.schema(t).await;
-                    let (item, units) = match kind {
-                        "Put" => (body.get("Item"), None),
-                        _ => (body.get("Key"), Some(1.0)),
-                    };
                     if let Some(mut c) = partition_charge(t, schema.as_ref(), item, units) {
                         c.units *= 2.0; // a transaction writes twice
                         charges.push(c);
@@ -851,6 +821,26 @@ fn partition_charge(
 }
 
 /// The charge of one item or key: `units`, or (None) the item's size in WCU.
+/// The writes of a TransactWriteItems: (table, item or key, units: None to
+/// size the item). A ConditionCheck is a read, not charged.
+fn transact_writes(req: &Json) -> Vec<(&str, Option<&Json>, Option<f64>)> {
+    let items = req.get("TransactItems").and_then(Json::as_array);
+    items
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let (kind, body) = ["Put", "Update", "Delete"]
+                .into_iter()
+                .find_map(|k| Some((k, entry.get(k)?)))?;
+            let t = body.get("TableName").and_then(Json::as_str)?;
+            Some(match kind {
+                "Put" => (t, body.get("Item"), None),
+                _ => (t, body.get("Key"), Some(1.0)),
+            })
+        })
+        .collect()
+}
+
 fn charge(
     table: &str,
     hash: Option<&str>,

@@ -55,6 +55,18 @@ pub(super) struct Tally {
     pub rejects: Vec<(Item, String)>,
 }
 
+impl Tally {
+    pub(super) fn add(&mut self, t: Tally) {
+        self.puts += t.puts;
+        self.deletes += t.deletes;
+        self.updates += t.updates;
+        self.in_sync += t.in_sync;
+        self.echoes += t.echoes;
+        self.conflicts += t.conflicts;
+        self.rejects.extend(t.rejects);
+    }
+}
+
 /// A target write, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Target {

@@ -97,6 +97,15 @@ pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, replaces: Replac
 
 /// Apply records by the rules in the module docs; return when every write is
 /// acknowledged.
+///
+/// Forwards, the lanes (one per source item) go at once, [`GUARDED_LANES`]
+/// at a time, each in stream order: a guarded write is a read and then a
+/// write, and one record at a time did not keep up with an application
+/// writing the source (a cutover's drain timed out). Two lanes never undo
+/// each other: a forward delete is only of a version of its own item.
+/// Backwards, one record at a time: two target items of one source item (a
+/// move) touch one source key.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn apply_guarded(
     clients: &Clients,
     m: &Mapper<'_>,
@@ -106,90 +115,141 @@ pub(super) async fn apply_guarded(
     echoes: &mut Echoes,
     store: &StateStore,
 ) -> anyhow::Result<Tally> {
-    let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
-    order.sort_unstable();
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let lanes: Vec<Vec<usize>> = match m.flow {
+        Flow::Forward => lanes.to_vec(),
+        Flow::Reverse => {
+            let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
+            order.sort_unstable();
+            vec![order]
+        }
+    };
+    let echoes = std::sync::Mutex::new(echoes);
+    let ctx = Lane {
+        clients,
+        m,
+        control,
+        changes,
+        echoes: &echoes,
+        store,
+    };
+    let tallies: Vec<Tally> = stream::iter(lanes)
+        .map(|lane| ctx.apply(lane))
+        .buffer_unordered(GUARDED_LANES)
+        .try_collect()
+        .await?;
     let mut tally = Tally::default();
-    for i in order {
-        let c = &changes[i];
-        let Some(any) = c.new.as_ref().or(c.old.as_ref()) else {
-            continue;
-        };
-        let key = m.read_key_of(any);
-        let image = c.new.as_ref().filter(|_| c.kind != ChangeKind::Remove);
-        if echoes.take(&entry(&key, image))? {
-            tally.echoes += 1;
-            continue;
-        }
-        let read_table = m.flow.read_table(m.plan);
-        let now = get_item(clients, read_table, &key, true)
-            .await
-            .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
-        let current = now.as_ref() == image;
-        let before = c.old.as_ref().and_then(|o| match m.map(o) {
-            Mapped::Put(item) => Some(item),
-            _ => None,
-        });
-        // Backwards: what this item's writes may replace in the source.
-        let mut replaceable = vec![before.clone()];
-        if m.flow == Flow::Reverse {
-            // The images of the stale records since this key's last applied
-            // one: the source may hold what any of them reads back to.
-            let pending = format!("tail/pending/{}", hex(&entry(&key, None).0));
-            // (None: the item absent.)
-            let mut seen: Vec<Option<Item>> = store.get(&pending)?.unwrap_or_default();
-            if current {
-                replaceable.extend(seen.iter().map(|o| match o.as_ref().map(|o| m.map(o)) {
-                    Some(Mapped::Put(item)) => Some(item),
-                    _ => None,
-                }));
-                store.remove(&pending)?;
-            } else {
-                seen.extend([c.old.clone(), image.cloned()]);
-                seen.dedup();
-                store.put(&pending, &seen)?;
-            }
-        }
-        let actions = if current {
-            mapped_actions(m, c)
-        } else {
-            // Stale: only the old key's delete, if the item maps elsewhere now.
-            let now_key = now.as_ref().and_then(|n| match m.map(n) {
-                Mapped::Put(item) => Some(m.write_key_of(&item)),
-                _ => None,
-            });
-            before
-                .iter()
-                .map(|b| m.write_key_of(b))
-                .filter(|k| Some(k) != now_key.as_ref())
-                .map(Action::Delete)
-                .collect()
-        };
-        for (a, action) in actions.into_iter().enumerate() {
-            let target = match action {
-                Action::Put(item) => Target::Put(item),
-                Action::Delete(key) => Target::Delete(key),
-                Action::Reject { item, reason } => {
-                    tally.rejects.push((item, reason));
-                    continue;
-                }
-                Action::Update(w) => {
-                    tally.rejects.push((
-                        w.key,
-                        "an in-place update in a guarded tail (a bug in rekey)".into(),
-                    ));
-                    continue;
-                }
-            };
-            let w = Guarded {
-                target,
-                order: (i, a),
-                read_key: &key,
-                replaceable: &replaceable,
-            };
-            write_one(clients, m, control, echoes, w, &mut tally).await?;
-        }
+    for t in tallies {
+        tally.add(t);
     }
     Ok(tally)
+}
+
+/// Lanes of a guarded call applied at once, forwards.
+const GUARDED_LANES: usize = 16;
+
+/// What every lane of a guarded call shares.
+struct Lane<'a, 'm, 'e> {
+    clients: &'a Clients,
+    m: &'a Mapper<'m>,
+    control: &'a Control,
+    changes: &'a [Change],
+    echoes: &'a std::sync::Mutex<&'e mut Echoes>,
+    store: &'a StateStore,
+}
+
+impl<'e> Lane<'_, '_, 'e> {
+    fn ledger(&self) -> std::sync::MutexGuard<'_, &'e mut Echoes> {
+        // A panic while holding the lock leaves no broken invariant here.
+        self.echoes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One lane's records, in stream order.
+    async fn apply(&self, lane: Vec<usize>) -> anyhow::Result<Tally> {
+        let (clients, m, store) = (self.clients, self.m, self.store);
+        let mut tally = Tally::default();
+        for i in lane {
+            let c = &self.changes[i];
+            let Some(any) = c.new.as_ref().or(c.old.as_ref()) else {
+                continue;
+            };
+            let key = m.read_key_of(any);
+            let image = c.new.as_ref().filter(|_| c.kind != ChangeKind::Remove);
+            if self.ledger().take(&entry(&key, image))? {
+                tally.echoes += 1;
+                continue;
+            }
+            let read_table = m.flow.read_table(m.plan);
+            let now = get_item(clients, read_table, &key, true)
+                .await
+                .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
+            let current = now.as_ref() == image;
+            let before = c.old.as_ref().and_then(|o| match m.map(o) {
+                Mapped::Put(item) => Some(item),
+                _ => None,
+            });
+            // Backwards: what this item's writes may replace in the source.
+            let mut replaceable = vec![before.clone()];
+            if m.flow == Flow::Reverse {
+                // The images of the stale records since this key's last applied
+                // one: the source may hold what any of them reads back to.
+                let pending = format!("tail/pending/{}", hex(&entry(&key, None).0));
+                // (None: the item absent.)
+                let mut seen: Vec<Option<Item>> = store.get(&pending)?.unwrap_or_default();
+                if current {
+                    replaceable.extend(seen.iter().map(|o| match o.as_ref().map(|o| m.map(o)) {
+                        Some(Mapped::Put(item)) => Some(item),
+                        _ => None,
+                    }));
+                    store.remove(&pending)?;
+                } else {
+                    seen.extend([c.old.clone(), image.cloned()]);
+                    seen.dedup();
+                    store.put(&pending, &seen)?;
+                }
+            }
+            let actions = if current {
+                mapped_actions(m, c)
+            } else {
+                // Stale: only the old key's delete, if the item maps elsewhere now.
+                let now_key = now.as_ref().and_then(|n| match m.map(n) {
+                    Mapped::Put(item) => Some(m.write_key_of(&item)),
+                    _ => None,
+                });
+                before
+                    .iter()
+                    .map(|b| m.write_key_of(b))
+                    .filter(|k| Some(k) != now_key.as_ref())
+                    .map(Action::Delete)
+                    .collect()
+            };
+            for (a, action) in actions.into_iter().enumerate() {
+                let target = match action {
+                    Action::Put(item) => Target::Put(item),
+                    Action::Delete(key) => Target::Delete(key),
+                    Action::Reject { item, reason } => {
+                        tally.rejects.push((item, reason));
+                        continue;
+                    }
+                    Action::Update(w) => {
+                        tally.rejects.push((
+                            w.key,
+                            "an in-place update in a guarded tail (a bug in rekey)".into(),
+                        ));
+                        continue;
+                    }
+                };
+                let w = Guarded {
+                    target,
+                    order: (i, a),
+                    read_key: &key,
+                    replaceable: &replaceable,
+                };
+                self.write_one(w, &mut tally).await?;
+            }
+        }
+        Ok(tally)
+    }
 }
 
 /// One write to check and make.
@@ -206,82 +266,78 @@ fn hex(d: &[u8; 16]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// One write after its check: announced in the ledger, then sent.
-async fn write_one(
-    clients: &Clients,
-    m: &Mapper<'_>,
-    control: &Control,
-    echoes: &mut Echoes,
-    w: Guarded<'_>,
-    tally: &mut Tally,
-) -> anyhow::Result<()> {
-    let Guarded {
-        target,
-        order,
-        read_key,
-        replaceable,
-    } = w;
-    let write_table = m.flow.write_table(m.plan);
-    let (key, wanted) = match &target {
-        Target::Put(item) => (m.write_key_of(item), Some(item)),
-        Target::Delete(key) => (key.clone(), None),
-    };
-    let held = get_item(clients, write_table, &key, true)
-        .await
-        .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
-    let replaces = match m.flow {
-        Flow::Forward => Replaces::Forward {
-            same_item: held
-                .as_ref()
-                .is_some_and(|h| m.back_key(h).as_ref() == Some(read_key)),
-        },
-        Flow::Reverse => Replaces::Reverse(replaceable),
-    };
-    // A replaceable image elsewhere than this key stands for nothing here.
-    let here: Vec<Option<Item>>;
-    let replaces = match replaces {
-        Replaces::Reverse(r) => {
-            here = r
-                .iter()
-                .map(|b| b.clone().filter(|b| m.write_key_of(b) == key))
-                .collect();
-            Replaces::Reverse(&here)
-        }
-        f => f,
-    };
-    match check(wanted, held.as_ref(), replaces) {
-        Check::InSync => tally.in_sync += 1,
-        Check::Conflict => {
-            tracing::info!(
-                table = write_table,
-                "guarded tail: conflict, delete not made"
-            );
-            tally.conflicts += 1;
-        }
-        Check::Write => {
-            echoes.announce(&entry(&key, wanted))?;
-            let put = u64::from(wanted.is_some());
-            let f = Final {
-                target: target.clone(),
-                order,
-                puts: put,
-                deletes: 1 - put,
-            };
-            match write_batch(clients, write_table, control, &[f])
-                .await?
-                .into_iter()
-                .next()
-                .flatten()
-            {
-                None => {
-                    tally.puts += put;
-                    tally.deletes += 1 - put;
+impl Lane<'_, '_, '_> {
+    /// One write after its check: announced in the ledger, then sent.
+    async fn write_one(&self, w: Guarded<'_>, tally: &mut Tally) -> anyhow::Result<()> {
+        let (clients, m, control) = (self.clients, self.m, self.control);
+        let Guarded {
+            target,
+            order,
+            read_key,
+            replaceable,
+        } = w;
+        let write_table = m.flow.write_table(m.plan);
+        let (key, wanted) = match &target {
+            Target::Put(item) => (m.write_key_of(item), Some(item)),
+            Target::Delete(key) => (key.clone(), None),
+        };
+        let held = get_item(clients, write_table, &key, true)
+            .await
+            .with_context(|| format!("guarded tail: reading `{write_table}`"))?;
+        let replaces = match m.flow {
+            Flow::Forward => Replaces::Forward {
+                same_item: held
+                    .as_ref()
+                    .is_some_and(|h| m.back_key(h).as_ref() == Some(read_key)),
+            },
+            Flow::Reverse => Replaces::Reverse(replaceable),
+        };
+        // A replaceable image elsewhere than this key stands for nothing here.
+        let here: Vec<Option<Item>>;
+        let replaces = match replaces {
+            Replaces::Reverse(r) => {
+                here = r
+                    .iter()
+                    .map(|b| b.clone().filter(|b| m.write_key_of(b) == key))
+                    .collect();
+                Replaces::Reverse(&here)
+            }
+            f => f,
+        };
+        match check(wanted, held.as_ref(), replaces) {
+            Check::InSync => tally.in_sync += 1,
+            Check::Conflict => {
+                tracing::info!(
+                    table = write_table,
+                    "guarded tail: conflict, delete not made"
+                );
+                tally.conflicts += 1;
+            }
+            Check::Write => {
+                self.ledger().announce(&entry(&key, wanted))?;
+                let put = u64::from(wanted.is_some());
+                let f = Final {
+                    target: target.clone(),
+                    order,
+                    puts: put,
+                    deletes: 1 - put,
+                };
+                match write_batch(clients, write_table, control, &[f])
+                    .await?
+                    .into_iter()
+                    .next()
+                    .flatten()
+                {
+                    None => {
+                        tally.puts += put;
+                        tally.deletes += 1 - put;
+                    }
+                    Some(reason) => tally.rejects.push((wanted.cloned().unwrap_or(key), reason)),
                 }
-                Some(reason) => tally.rejects.push((wanted.cloned().unwrap_or(key), reason)),
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -318,6 +318,10 @@ struct Tail<'a> {
     echoes: Option<crate::state::echoes::Echoes>,
     /// Backwards: where the reverse tail starts ([`line`]).
     line: Option<line::Line>,
+    /// The last shard listing and when it was made ([`LIST_EVERY`]).
+    listing: Option<(Instant, Vec<ShardInfo>)>,
+    /// List again at the next turn: a shard closed, its children are due.
+    relist: bool,
 }
 
 pub async fn run(
@@ -510,6 +514,8 @@ impl<'a> Tail<'a> {
             probed: None,
             echoes: None,
             line: None,
+            listing: None,
+            relist: true,
         })
     }
 
@@ -599,6 +605,7 @@ impl<'a> Tail<'a> {
             p.record_at = Some(p.record_at.map_or(at, |r| r.max(at)));
         }
         let finished_now = out.next.is_none();
+        self.relist |= finished_now;
         if let Some(next) = out.next {
             iterators.insert(shard.clone(), next);
         }
@@ -631,6 +638,13 @@ struct Turn {
     finished: HashSet<String>,
     ready: Vec<String>,
 }
+
+/// The shard listing is made again this often, and whenever a shard has
+/// closed. DynamoDB allows DescribeStream 10 times a second per account, and
+/// a listing between closures is only for shards begun otherwise. A listing
+/// this old is still sound for `applied_through` (a shard begun since is the
+/// child of a listed one, whose claim covers it: [`streams::through`]).
+const LIST_EVERY: Duration = Duration::from_secs(10);
 
 /// An applying tail whose proof is older than this probes: writes a round
 /// of markers into the table it reads, so that quiet shards show a record
@@ -695,7 +709,21 @@ impl Tail<'_> {
     }
 
     async fn turn(&mut self, stream: &str) -> anyhow::Result<Turn> {
-        let shards = streams::describe_shards(self.clients, stream).await?;
+        let shards = match &self.listing {
+            Some((at, shards)) if !self.relist && at.elapsed() < LIST_EVERY => shards.clone(),
+            _ => {
+                let shards = streams::describe_shards(self.clients, stream).await?;
+                // A closed shard with no child listed yet: its children are
+                // coming (DynamoDB lists them a moment later).
+                let parents: HashSet<&str> =
+                    shards.iter().filter_map(|s| s.parent.as_deref()).collect();
+                self.relist = shards
+                    .iter()
+                    .any(|s| s.closed && !parents.contains(s.id.as_str()));
+                self.listing = Some((Instant::now(), shards.clone()));
+                shards
+            }
+        };
         self.report.shards = shards.len();
         let states: HashMap<String, ShardState> = shards
             .iter()
