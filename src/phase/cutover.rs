@@ -573,9 +573,6 @@ async fn switch(
     for g in &gates {
         progress.note(&format!("gate ok: {} — {}", g.name, g.detail));
     }
-    if flow == Flow::Forward && opts.fleet.is_none() {
-        reverse_line(clients, plan, opts, progress).await?;
-    }
     progress.note(&format!(
         "drain barrier: waiting for the {} to apply every {} write made until now",
         match flow {
@@ -602,6 +599,12 @@ async fn switch(
             gates,
             record: None,
         });
+    }
+    // After the drain: from the line on the forward tail is guarded, a read
+    // and a write per record, too slow to drain an application still
+    // writing the source at full rate within the timeout.
+    if flow == Flow::Forward && opts.fleet.is_none() {
+        reverse_line(clients, plan, opts, progress).await?;
     }
     let record = CutoverRecord {
         at: chrono::Utc::now(),

@@ -351,7 +351,7 @@ impl World {
     fn run_log(&self) -> String {
         let text = std::fs::read_to_string(self.env.dir.path().join("run.log")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
     /// Kills `run` with -9 `kills` times at random points, starting it again
@@ -435,10 +435,11 @@ impl World {
         match out.status.code() {
             Some(0) => Ok(()),
             code => Err(format!(
-                "{cmd} exited {code:?}: {}{}; the tails: {}",
+                "{cmd} exited {code:?}: {}{}; the tails: {}; run's log ends: {}",
                 stdout(&out),
                 stderr(&out),
-                self.tails()
+                self.tails(),
+                self.run_log()
             )),
         }
     }

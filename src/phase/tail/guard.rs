@@ -173,6 +173,11 @@ impl<'e> Lane<'_, '_, 'e> {
             let Some(any) = c.new.as_ref().or(c.old.as_ref()) else {
                 continue;
             };
+            // A barrier's or a probe's marker is never copied: no read, no
+            // write (a probe over K shards is K·ln K of them).
+            if crate::core::marker::marker_in(m.flow.read_key(m.plan), any).is_some() {
+                continue;
+            }
             let key = m.read_key_of(any);
             let image = c.new.as_ref().filter(|_| c.kind != ChangeKind::Remove);
             if self.ledger().take(&entry(&key, image))? {
