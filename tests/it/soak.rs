@@ -179,7 +179,14 @@ async fn trial(seed: u64) -> Result<String, String> {
         w.kill_run_during(&mut run, &mut rng, 1)
     );
     r?;
-    w.verify(&["--reverse"])?;
+    if let Err(e) = w.verify(&["--reverse", "--show-keys"]) {
+        // Which side is wrong, by the application's own record.
+        let by_record = w.check("by the application's record").await.err();
+        return Err(format!(
+            "{e}; {}",
+            by_record.unwrap_or("both tables match the application's record".into())
+        ));
+    }
     w.switch("rollback", &mut rng).await?;
     w.check("after the rollback").await?;
 

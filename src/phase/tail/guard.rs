@@ -267,6 +267,11 @@ struct Guarded<'a> {
     replaceable: &'a [Option<Item>],
 }
 
+/// Where a deferred put waits, by the source key it is for.
+fn deferred(key: &Item) -> String {
+    format!("tail/deferred/{}", hex(&entry(key, None).0))
+}
+
 fn hex(d: &[u8; 16]) -> String {
     d.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -309,12 +314,21 @@ impl Lane<'_, '_, '_> {
             }
             f => f,
         };
-        match check(wanted, held.as_ref(), replaces) {
+        let checked = check(wanted, held.as_ref(), replaces);
+        let reverse = m.flow == Flow::Reverse;
+        match checked {
             Check::InSync => tally.in_sync += 1,
+            Check::Conflict if reverse && wanted.is_some() => {
+                // Maybe a move whose delete sits on another shard, unread:
+                // the put waits for the source item's delete.
+                tracing::info!(table = write_table, "guarded tail: conflict, put deferred");
+                self.store.put(&deferred(&key), read_key)?;
+                tally.conflicts += 1;
+            }
             Check::Conflict => {
                 tracing::info!(
                     table = write_table,
-                    "guarded tail: conflict, delete not made"
+                    "guarded tail: conflict, write not made"
                 );
                 tally.conflicts += 1;
             }
@@ -337,10 +351,57 @@ impl Lane<'_, '_, '_> {
                         tally.puts += put;
                         tally.deletes += 1 - put;
                     }
-                    Some(reason) => tally.rejects.push((wanted.cloned().unwrap_or(key), reason)),
+                    Some(reason) => {
+                        tally
+                            .rejects
+                            .push((wanted.cloned().unwrap_or(key.clone()), reason));
+                        return Ok(());
+                    }
                 }
             }
         }
+        if reverse && wanted.is_none() && checked != Check::Conflict {
+            self.put_deferred(&key, tally).await?;
+        }
+        Ok(())
+    }
+
+    /// Backwards, once source key `key` is free: the put a conflict deferred
+    /// there, if the target still holds the item it came from.
+    ///
+    /// A move on the target is a delete of the old key and a put of the new,
+    /// usually on two shards, and nothing orders two shards' records: the
+    /// put may come first. The source still holds the old item then, so the
+    /// put is a conflict (the source wins: it may be the old application's
+    /// write); but when the old key's delete arrives and removes that item,
+    /// the put is made after all. A source item the old application wrote
+    /// is never deleted by a target record, so its conflicts stay conflicts.
+    async fn put_deferred(&self, key: &Item, tally: &mut Tally) -> anyhow::Result<()> {
+        let (clients, m) = (self.clients, self.m);
+        let slot = deferred(key);
+        let Some(target_key) = self.store.get::<Item>(&slot)? else {
+            return Ok(());
+        };
+        let read_table = m.flow.read_table(m.plan);
+        let now = get_item(clients, read_table, &target_key, true)
+            .await
+            .with_context(|| format!("guarded tail: reading `{read_table}`"))?;
+        let item = match now.as_ref().map(|n| m.map(n)) {
+            Some(Mapped::Put(item)) if m.write_key_of(&item) == *key => item,
+            _ => {
+                self.store.remove(&slot)?;
+                return Ok(());
+            }
+        };
+        let w = Guarded {
+            target: Target::Put(item),
+            order: (0, 0),
+            read_key: &target_key,
+            replaceable: &[None],
+        };
+        // (Made or not, the slot goes after: a kill -9 before repeats this.)
+        Box::pin(self.write_one(w, tally)).await?;
+        self.store.remove(&slot)?;
         Ok(())
     }
 }
