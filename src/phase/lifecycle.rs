@@ -67,7 +67,10 @@ async fn reverse_after_cutover(
         if forward.stop.is_cancelled() || dir.is_finished() {
             return Ok(());
         }
-        if dir.cutover_record().exists() {
+        // After a rollback too: the reverse tail runs until `rekey finish`
+        // (writes that still reach the target are carried back), also in a
+        // `run` started again after the rollback.
+        if dir.cutover_record().exists() || dir.rollback_record().exists() {
             break;
         }
         tokio::select! {
