@@ -33,9 +33,11 @@
 //!    source is the table of record until `rekey finish`, and a rollback must
 //!    never lose what the old application wrote.
 //!
-//! Records are applied one at a time in stream order (two target keys of one
-//! source item, a move, touch one source key), each write acknowledged
-//! before the next check.
+//! Backwards, records are applied one at a time in stream order (two target
+//! keys of one source item, a move, touch one source key), each write
+//! acknowledged before the next check; a move's put read before its delete
+//! (two shards) waits for the delete (`Lane::put_deferred`). Forwards,
+//! one lane per source item, several at once.
 
 use super::apply::{Final, Tally, Target, write_batch};
 use super::*;
