@@ -498,7 +498,7 @@ async fn reverse_line(
     opts: &CutoverOptions,
     progress: &Progress,
 ) -> anyhow::Result<()> {
-    if line::reversible(clients, plan).await?.is_err() || opts.state_dir.reverse_line().exists() {
+    if opts.state_dir.reverse_line().exists() || line::reversible(clients, plan).await?.is_err() {
         return Ok(());
     }
     progress.note("drawing the reverse tail's start line through the target's stream");

@@ -128,12 +128,7 @@ impl Echoes {
         // Their announcements precede their records, so they are read by now.
         echoes.read_other()?;
         for e in taken_before {
-            if let Some(n) = echoes.pending.get_mut(e) {
-                *n -= 1;
-                if *n == 0 {
-                    echoes.pending.remove(e);
-                }
-            }
+            echoes.take_pending(e);
         }
         Ok(echoes)
     }
@@ -153,16 +148,24 @@ impl Echoes {
     /// True (and the entry taken) if the other tail announced this write.
     pub fn take(&mut self, e: &Entry) -> anyhow::Result<bool> {
         self.read_other()?;
+        if !self.take_pending(e) {
+            return Ok(false);
+        }
+        self.append('T', e)?;
+        Ok(true)
+    }
+
+    /// One pending announcement of `e` taken, if there is one.
+    fn take_pending(&mut self, e: &Entry) -> bool {
         match self.pending.get_mut(e) {
             Some(n) if *n > 0 => {
                 *n -= 1;
                 if *n == 0 {
                     self.pending.remove(e);
                 }
-                self.append('T', e)?;
-                Ok(true)
+                true
             }
-            _ => Ok(false),
+            _ => false,
         }
     }
 

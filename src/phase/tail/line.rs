@@ -244,9 +244,9 @@ impl Reading {
                 let page = match streams::get_records(clients, stream, &it, streams::PAGE).await {
                     Ok(p) => p,
                     Err(ReadError::Aws(e)) => return Err(e.into()),
+                    // Nothing is recorded until the line is whole: a rerun draws it anew.
                     Err(e) => anyhow::bail!(
-                        "drawing the reverse tail's start line, shard {shard}: {e}; draw it again (delete {} and retry)",
-                        "reverse/line.json"
+                        "drawing the reverse tail's start line, shard {shard}: {e}; run the command again"
                     ),
                 };
                 let count = page.records.len();
