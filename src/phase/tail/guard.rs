@@ -33,11 +33,13 @@
 //!    source is the table of record until `rekey finish`, and a rollback must
 //!    never lose what the old application wrote.
 //!
-//! Backwards, records are applied one at a time in stream order (two target
-//! keys of one source item, a move, touch one source key), each write
-//! acknowledged before the next check; a move's put read before its delete
-//! (two shards) waits for the delete (`Lane::put_deferred`). Forwards,
-//! one lane per source item, several at once.
+//! Records are applied in lanes, several at once, each lane in stream order
+//! with every write acknowledged before its next check. Forwards, one lane
+//! per source item; backwards, one per source item too: the records of the
+//! target keys that read back to one source key (a move is a delete of one
+//! and a put of another) share a lane (`reverse_lanes`), and a move's put
+//! read before its delete (two shards) waits for the delete
+//! (`Lane::put_deferred`).
 
 use super::apply::{Final, Tally, Target, write_batch};
 use super::*;
@@ -100,13 +102,13 @@ pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, replaces: Replac
 /// Apply records by the rules in the module docs; return when every write is
 /// acknowledged.
 ///
-/// Forwards, the lanes (one per source item) go at once, [`GUARDED_LANES`]
-/// at a time, each in stream order: a guarded write is a read and then a
-/// write, and one record at a time did not keep up with an application
-/// writing the source (a cutover's drain timed out). Two lanes never undo
-/// each other: a forward delete is only of a version of its own item.
-/// Backwards, one record at a time: two target items of one source item (a
-/// move) touch one source key.
+/// The lanes (one per source item) go at once, [`GUARDED_LANES`] at a time,
+/// each in stream order: a guarded write is a read and then a write, and one
+/// record at a time did not keep up with an application writing the source
+/// (a cutover's drain timed out) nor, backwards, with one writing the target
+/// over many shards (verify waited on a reverse tail 25 s behind). Two lanes
+/// never undo each other: a forward delete is only of a version of its own
+/// item, and backwards no two lanes touch one key on either side.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn apply_guarded(
     clients: &Clients,
@@ -120,11 +122,7 @@ pub(super) async fn apply_guarded(
     use futures::stream::{self, StreamExt, TryStreamExt};
     let lanes: Vec<Vec<usize>> = match m.flow {
         Flow::Forward => lanes.to_vec(),
-        Flow::Reverse => {
-            let mut order: Vec<usize> = lanes.iter().flatten().copied().collect();
-            order.sort_unstable();
-            vec![order]
-        }
+        Flow::Reverse => reverse_lanes(m, changes),
     };
     let echoes = std::sync::Mutex::new(echoes);
     let ctx = Lane {
@@ -147,8 +145,75 @@ pub(super) async fn apply_guarded(
     Ok(tally)
 }
 
-/// Lanes of a guarded call applied at once, forwards.
+/// Lanes of a guarded call applied at once.
 const GUARDED_LANES: usize = 16;
+
+/// Backwards, one lane per source item: records that share a target key or
+/// a source key their images read back to, in stream order. A move on the
+/// target (a delete of one target key, a put of another) reads back to one
+/// source key, so its two records, and the put it may defer
+/// (`Lane::put_deferred`), share a lane; two lanes never touch one key on
+/// either side. Records whose images read back to nothing share the first
+/// lane through their target key only.
+fn reverse_lanes(m: &Mapper<'_>, changes: &[Change]) -> Vec<Vec<usize>> {
+    let read_names = m.flow.read_key(m.plan).names();
+    let write_names = m.flow.write_key(m.plan).names();
+    // Union-find over records: a record joins every earlier record that
+    // named one of its keys.
+    let mut parent: Vec<usize> = (0..changes.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut owner: HashMap<(bool, Vec<u8>), usize> = HashMap::new();
+    for (i, c) in changes.iter().enumerate() {
+        let images = [c.old.as_ref(), c.new.as_ref()];
+        let read = images
+            .iter()
+            .flatten()
+            .filter_map(|item| encode_key(item, &read_names))
+            .map(|k| (false, k));
+        let written = images
+            .iter()
+            .flatten()
+            .filter_map(|item| match m.map(item) {
+                Mapped::Put(back) => encode_key(&back, &write_names),
+                _ => None,
+            })
+            .map(|k| (true, k));
+        let mut keys: Vec<(bool, Vec<u8>)> = read.chain(written).collect();
+        if keys.is_empty() {
+            // No key at all: with every other such record.
+            keys.push((false, Vec::new()));
+        }
+        for k in keys {
+            match owner.get(&k) {
+                Some(&j) => {
+                    let (a, b) = (root(&mut parent, i), root(&mut parent, j));
+                    parent[a.max(b)] = a.min(b);
+                }
+                None => {
+                    owner.insert(k, i);
+                }
+            }
+        }
+    }
+    let mut lane_of: HashMap<usize, usize> = HashMap::new();
+    let mut lanes: Vec<Vec<usize>> = Vec::new();
+    for i in 0..changes.len() {
+        let r = root(&mut parent, i);
+        let n = lanes.len();
+        let lane = *lane_of.entry(r).or_insert(n);
+        if lane == n {
+            lanes.push(Vec::new());
+        }
+        lanes[lane].push(i);
+    }
+    lanes
+}
 
 /// What every lane of a guarded call shares.
 struct Lane<'a, 'm, 'e> {
@@ -418,6 +483,33 @@ mod tests {
         i.insert("PK".into(), Value::S("k".into()));
         i.insert("v".into(), Value::S(v.into()));
         i
+    }
+
+    /// The target's shape of an order: its status is in the target key, so
+    /// a status change there is a move (a delete and a put).
+    fn target_order(id: &str, status: &str) -> Item {
+        let p = super::super::tests::plan();
+        let source = super::super::tests::order(id, status);
+        match Mapper::new(&p, Flow::Forward).map(&source) {
+            Mapped::Put(item) => item,
+            other => panic!("the order does not map: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn backwards_a_move_and_its_source_item_share_a_lane_and_other_items_do_not() {
+        let p = super::super::tests::plan();
+        let m = Mapper::new(&p, Flow::Reverse);
+        let (open, done) = (target_order("1", "OPEN"), target_order("1", "DONE"));
+        let other = target_order("2", "OPEN");
+        let changes = vec![
+            // The move's put, read before its delete (two shards).
+            super::super::tests::change(ChangeKind::Insert, None, Some(done.clone())),
+            super::super::tests::change(ChangeKind::Modify, Some(other.clone()), Some(other)),
+            super::super::tests::change(ChangeKind::Remove, Some(open), None),
+            super::super::tests::change(ChangeKind::Modify, Some(done.clone()), Some(done)),
+        ];
+        assert_eq!(reverse_lanes(&m, &changes), vec![vec![0, 2, 3], vec![1]]);
     }
 
     #[test]
