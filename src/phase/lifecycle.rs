@@ -219,6 +219,18 @@ pub async fn run(
         let beside = progress.beside();
         tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
     };
+    // The reverse tail from the start too (it waits for a cutover record):
+    // a `run` started again after a cutover carries the target's writes
+    // back at once, not after its own catch-up and verify.
+    let reverse_task = {
+        let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
+        let beside = progress.beside();
+        tokio::spawn(async move { reverse_after_cutover(&clients, &plan, &topts, &beside).await })
+    };
+    let reverse_ended = |r: Result<anyhow::Result<()>, tokio::task::JoinError>| match r {
+        Ok(r) => r,
+        Err(e) => Err(anyhow::anyhow!("the reverse tail's task failed: {e}")),
+    };
     let tail_ended = |r: Result<anyhow::Result<tail::TailReport>, tokio::task::JoinError>| match r {
         Ok(Ok(t)) => Ok(t),
         Ok(Err(e)) => Err(e.context("the tail stopped")),
@@ -250,10 +262,9 @@ pub async fn run(
                 ),
             }
             let started = Instant::now();
-            let (tailed, reversed) = tokio::join!(
-                async { tail_ended(tail_task.await) },
-                reverse_after_cutover(clients, plan, &opts.tail, progress)
-            );
+            let (tailed, reversed) = tokio::join!(async { tail_ended(tail_task.await) }, async {
+                reverse_ended(reverse_task.await)
+            });
             let tailed = tailed.map(|t| report.tail = Some(t));
             report.timed(TAILING, started);
             tailed.and(reversed)
@@ -264,6 +275,8 @@ pub async fn run(
                 tail_stop.cancel();
                 let _ = tail_task.await;
             }
+            tail_stop.cancel();
+            let _ = reverse_task.await;
             other
         }
     };

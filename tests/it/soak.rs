@@ -147,6 +147,9 @@ struct World {
     model: Mutex<BTreeMap<u64, Option<(String, u64)>>>,
     /// Every write gets a `v` no other write has.
     next_v: std::sync::atomic::AtomicU64,
+    /// `run`'s log, outside the trial's directory: a failed trial leaves it
+    /// behind (its path is in the failure), a passed one removes it.
+    log: std::path::PathBuf,
 }
 
 /// Ids the application writes: some beyond the seed, so some are new.
@@ -156,6 +159,18 @@ async fn trial(seed: u64) -> Result<String, String> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let knobs = Knobs::draw(&mut rng);
     let w = World::start(&knobs, seed).await?;
+    let result = lifecycle(&w, &knobs, &mut rng).await;
+    match &result {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&w.log);
+        }
+        Err(_) => eprintln!("soak seed {seed}: run's whole log: {}", w.log.display()),
+    }
+    result
+}
+
+/// run → cutover → rollback → cutover → finish, checked after each switch.
+async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, String> {
     let mut run = w.spawn_run();
 
     // 1. run: capture, backfill, catch-up, verify, while the application
@@ -163,11 +178,11 @@ async fn trial(seed: u64) -> Result<String, String> {
     let ops = 150 + rng.below(250) as usize;
     let (_, r) = tokio::join!(
         w.source_app(ops, rng.next()),
-        w.kill_run_during(&mut run, &mut rng, 2)
+        w.kill_run_during(&mut run, rng, 2)
     );
     r?;
     w.until_ready(&mut run).await?;
-    w.switch("cutover", &mut rng).await?;
+    w.switch("cutover", rng).await?;
     w.check("after the cutover").await?;
 
     // 2. The application moves to the target; run's reverse tail carries it
@@ -176,7 +191,7 @@ async fn trial(seed: u64) -> Result<String, String> {
     let ops = 100 + rng.below(200) as usize;
     let (_, r) = tokio::join!(
         w.target_app(ops, rng.next()),
-        w.kill_run_during(&mut run, &mut rng, 1)
+        w.kill_run_during(&mut run, rng, 1)
     );
     r?;
     if let Err(e) = w.verify(&["--reverse", "--show-keys"]) {
@@ -187,18 +202,19 @@ async fn trial(seed: u64) -> Result<String, String> {
             by_record.unwrap_or("both tables match the application's record".into())
         ));
     }
-    w.switch("rollback", &mut rng).await?;
+    w.check("before the rollback").await?;
+    w.switch("rollback", rng).await?;
     w.check("after the rollback").await?;
 
     // 3. Back on the source, then cut over again.
     let ops = 100 + rng.below(200) as usize;
     let (_, r) = tokio::join!(
         w.source_app(ops, rng.next()),
-        w.kill_run_during(&mut run, &mut rng, 1)
+        w.kill_run_during(&mut run, rng, 1)
     );
     r?;
     w.verify(&[])?;
-    w.switch("cutover", &mut rng).await?;
+    w.switch("cutover", rng).await?;
     w.check("after the second cutover").await?;
 
     // 4. finish ends both tails.
@@ -299,6 +315,8 @@ impl World {
             .collect();
         let (plan_path, _) = orders_by_status(&source, &target).write(&env);
         let state = env.dir.path().join("state");
+        let log = std::env::temp_dir().join(format!("rekey-soak-{seed}-run.log"));
+        let _ = std::fs::remove_file(&log);
         let extra = vec![
             ("AWS_ENDPOINT_URL_DYNAMODB", proxy.endpoint()),
             ("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", front.endpoint()),
@@ -317,6 +335,7 @@ impl World {
             extra,
             model: Mutex::new(model),
             next_v: std::sync::atomic::AtomicU64::new(1_000_000),
+            log,
         })
     }
 
@@ -329,14 +348,14 @@ impl World {
         self.command(args).output().expect("run rekey")
     }
 
-    /// `rekey run`, its stderr appended to `run.log` (a pipe nobody read
-    /// would fill and stop it).
+    /// `rekey run`, its stderr appended to [`World::log`] (a pipe nobody
+    /// read would fill and stop it).
     fn spawn_run(&self) -> Run {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.env.dir.path().join("run.log"))
-            .expect("run.log");
+            .open(&self.log)
+            .expect("run's log");
         let child = self
             .command(&[
                 "run",
@@ -346,7 +365,10 @@ impl World {
                 "--skip-analyze",
                 "--json",
             ])
-            .env("RUST_LOG", "rekey=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SOAK_RUST_LOG").unwrap_or("rekey=info".into()),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -356,7 +378,7 @@ impl World {
 
     /// The end of what `run` printed on stderr.
     fn run_log(&self) -> String {
-        let text = std::fs::read_to_string(self.env.dir.path().join("run.log")).unwrap_or_default();
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }

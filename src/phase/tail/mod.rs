@@ -381,12 +381,15 @@ pub async fn run(
             t.store.put("tail/buffer_drained", &true)?;
             t.store.flush()?;
         }
+        let began = Instant::now();
         let turn = t.turn(&stream).await?;
+        let listed = began.elapsed();
         let mut got_any = false;
         let fetched = t.fetch_all(&stream, &turn, &mut iterators);
         let Some(fetched) = opts.stop.run_until_cancelled(fetched).await else {
             break;
         };
+        let read = began.elapsed();
         for (shard, page) in turn.ready.iter().zip(fetched) {
             let Some(page) = page? else {
                 continue;
@@ -406,9 +409,20 @@ pub async fn run(
         }
         // Busy: about once a second. Idle: every turn, so the last word is current.
         t.publish(&turn, progress, got_any)?;
+        let applied = began.elapsed();
         if let Some(probed) = opts.stop.run_until_cancelled(t.probe(&turn)).await {
             probed?;
         }
+        tracing::debug!(
+            ?flow,
+            shards = turn.shards.len(),
+            ready = turn.ready.len(),
+            listed_ms = listed.as_millis() as u64,
+            read_ms = read.as_millis() as u64,
+            applied_ms = applied.as_millis() as u64,
+            probed_ms = began.elapsed().as_millis() as u64,
+            "tail turn"
+        );
         if got_any {
             last_record = Instant::now();
         } else {
@@ -815,6 +829,11 @@ impl Tail<'_> {
                     self.store.put(&key, &ShardState { seq, finished, at })?;
                 }
             }
+            tracing::debug!(
+                lined = line.lined.len(),
+                before = line.before.len(),
+                "reverse: starting at the line"
+            );
             self.store.put("tail/line", &line.id)?;
             self.store.flush()?;
         }
