@@ -390,6 +390,12 @@ fn architecture_invariant_core_imports_only_core() {
 }
 
 #[test]
+fn architecture_invariant_aws_imports_only_core() {
+    let bad = check_layers(|l| (l == "aws").then_some(&["core"][..]));
+    assert!(bad.is_empty(), "aws imports:\n{}", bad.join("\n"));
+}
+
+#[test]
 fn architecture_invariant_phase_never_imports_ops() {
     let bad = check_layers(|l| (l == "phase").then_some(&["core", "aws", "state", "local"][..]));
     assert!(bad.is_empty(), "phase imports:\n{}", bad.join("\n"));
