@@ -13,20 +13,11 @@
 //! fenced writes, checkpoint and counters committed under the lease). The
 //! file's unit is done only once the reader has proved the file whole.
 
-use std::collections::HashMap;
-
-use super::unit::{PageRead, UnitDrive};
+use super::unit::{ExportFiles, PageRead, UnitDrive};
 use super::*;
-use crate::aws::export::{DataFile, ExportLocation, ExportReader};
+use crate::aws::export::{ExportLocation, ExportReader};
 use crate::state::fleet::Checkpoint;
 use crate::state::fleet::export::{ExportSource, check_source, file_units, unit_files};
-
-/// The export a worker's units read, opened once.
-pub(crate) struct ExportFiles {
-    pub(super) reader: ExportReader,
-    /// Each unit's data file.
-    pub(super) files: HashMap<u32, DataFile>,
-}
 
 /// What joining gave this worker: the units' count, and the export they
 /// read when they read one.

@@ -114,6 +114,39 @@ pub(crate) trait Drive: Send + Sync + 'static {
     fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>>;
 }
 
+/// A backfill unit: a Scan segment (`unit`) or an export's data file
+/// (`export`), each read by its own file; neither knows the other.
+impl Drive for unit::UnitDrive {
+    fn run(
+        self: Arc<Self>,
+        unit: Unit,
+        l: Lease,
+        stop: CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>> {
+        Box::pin(async move {
+            match &self.reads {
+                unit::Reads::Scan {
+                    segments,
+                    page_limit,
+                } => {
+                    let (segments, page_limit) = (*segments, *page_limit);
+                    self.run_segment(segments, page_limit, unit, l, stop).await
+                }
+                unit::Reads::Export { files, lines } => {
+                    let (files, lines) = (files.clone(), *lines);
+                    self.run_file(&files, lines, unit, l, stop).await
+                }
+            }
+        })
+    }
+    fn scanned(&self) -> futures::future::BoxFuture<'_, u64> {
+        Box::pin(async { self.this.lock().await.scanned })
+    }
+    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async { Ok(self.shared.fleet.mark_done().await?) })
+    }
+}
+
 /// How a fleet process leases units.
 #[derive(Debug, Clone)]
 pub(crate) struct Leasing {

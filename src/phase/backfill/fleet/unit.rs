@@ -6,8 +6,10 @@
 //! counters in one write conditioned on the lease.
 
 use super::*;
+use std::collections::{BTreeSet, HashMap};
+
+use crate::aws::export::{DataFile, ExportReader};
 use crate::state::fleet::Checkpoint;
-use std::collections::BTreeSet;
 
 /// The lease on a unit is gone (its commit was refused, or the fence
 /// closed): the unit stops at once, and another worker goes on from its
@@ -119,9 +121,16 @@ pub(super) enum Reads {
     },
     /// Unit n is a data file of the export, read `lines` lines a page.
     Export {
-        files: Arc<super::export::ExportFiles>,
+        files: Arc<ExportFiles>,
         lines: usize,
     },
+}
+
+/// The export a worker's units read, opened once (`export::join`).
+pub(crate) struct ExportFiles {
+    pub(super) reader: ExportReader,
+    /// Each unit's data file.
+    pub(super) files: HashMap<u32, DataFile>,
 }
 
 /// A page as read, on its way to its commit: its items, the records that
@@ -142,41 +151,16 @@ pub(super) struct PageRead {
 /// How a page's checkpoint follows from what settled (see [`PageRead`]).
 pub(super) type EndOfPage = Box<dyn FnOnce(Option<Vec<String>>) -> Option<Checkpoint> + Send>;
 
-impl Drive for UnitDrive {
-    fn run(
-        self: Arc<Self>,
-        unit: Unit,
-        l: Lease,
-        stop: CancellationToken,
-    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>> {
-        Box::pin(self.run_unit(unit, l, stop))
-    }
-    fn scanned(&self) -> futures::future::BoxFuture<'_, u64> {
-        Box::pin(async { self.this.lock().await.scanned })
-    }
-    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async { Ok(self.shared.fleet.mark_done().await?) })
-    }
-}
-
 impl UnitDrive {
-    /// [`Drive::run`]: the unit's pages from its checkpoint.
-    async fn run_unit(
+    /// [`Drive::run`] for a Scan segment's unit: its pages from its checkpoint.
+    pub(super) async fn run_segment(
         self: Arc<Self>,
+        segments: u32,
+        page_limit: Option<i32>,
         unit: Unit,
         l: Lease,
         stop: CancellationToken,
     ) -> anyhow::Result<bool> {
-        let (segments, page_limit) = match &self.reads {
-            Reads::Scan {
-                segments,
-                page_limit,
-            } => (*segments, *page_limit),
-            Reads::Export { files, lines } => {
-                let (files, lines) = (files.clone(), *lines);
-                return self.run_file(&files, lines, unit, l, stop).await;
-            }
-        };
         let carried = match &unit.checkpoint {
             Checkpoint::Partial { done, .. } => done.iter().cloned().collect(),
             _ => BTreeSet::new(),
