@@ -12,6 +12,7 @@ pub mod barrier;
 pub mod check;
 pub mod cutover;
 pub mod error;
+pub mod fleet;
 pub mod inplace;
 pub mod lifecycle;
 pub mod markers;

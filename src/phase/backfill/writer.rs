@@ -7,6 +7,7 @@
 use super::*;
 use crate::aws::rate::keys::KeyRates;
 use crate::aws::write::{Blame, Pace, blame_of, write_batch_paced};
+use crate::phase::fleet::Fenced;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Limited keys held at most (each a few hundred bytes).
@@ -226,11 +227,6 @@ impl Writer {
         Ok(idx.into_iter().zip(r.refused).collect())
     }
 }
-
-/// A fenced write stopped: the writer may no longer write for its unit.
-#[derive(Debug, thiserror::Error)]
-#[error("the lease on this unit may be gone: no more writes for it")]
-pub(super) struct Fenced;
 
 /// One batch's items as the per-key rates see them: partition key and WCU.
 struct BatchPace<'a> {

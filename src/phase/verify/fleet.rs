@@ -4,7 +4,7 @@
 //! Its units are the Scan segments of both passes — forward units `0..S`
 //! (the source's segments), orphan units `S..2S` (the target's), S being
 //! the migration's segment count — leased as the workers lease theirs
-//! ([`crate::phase::backfill::fleet::lead`]: the same takes, heartbeat,
+//! ([`crate::phase::fleet`]: the same takes, heartbeat,
 //! fence, re-balancing and release), as `VUNIT#` items. Each page is compared
 //! exactly as on one machine ([`compare_forward`], [`compare_backward`]) and
 //! its candidates re-checked at once, before the page's commit, by the same
@@ -27,7 +27,7 @@
 
 use super::*;
 use crate::aws::control::{Cond, ControlTable};
-use crate::phase::backfill::fleet::{
+use crate::phase::fleet::{
     Beside, Budgets, Drive, LeaseLost, Leasing, Shared, UnitScan, lead, scan_unit,
 };
 use crate::state::fleet::verify::count_pairs;
