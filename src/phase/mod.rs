@@ -19,6 +19,8 @@ pub mod markers;
 pub mod progress;
 pub mod query;
 pub mod suggest;
+// the last globs go with issue 26's tail part
+#[allow(clippy::wildcard_imports)]
 pub mod tail;
 pub mod verify;
 pub mod watch;

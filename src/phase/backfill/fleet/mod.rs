@@ -20,14 +20,30 @@ mod export;
 mod tail_mark;
 mod unit;
 
-use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::*;
-use crate::aws::AwsError;
+use anyhow::Context as _;
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::control::{ControlCalls, ControlTable};
+use crate::aws::rate::Control;
+use crate::aws::{AwsError, Clients};
+use crate::core::plan::{Mode, Plan};
+use crate::phase::error::{InputError, Stopped};
 use crate::phase::fleet::{Beside, Budgets, Drive, Leasing, Shared, lead};
-use crate::phase::tail::{self, fleet::FleetTailOptions, fleet::FleetTailReport};
+use crate::phase::progress::Progress;
+use crate::phase::tail;
+use crate::phase::tail::fleet::{FleetTailOptions, FleetTailReport};
+use crate::state::StateDir;
 use crate::state::fleet::{Counters, Fleet, FleetError, FleetRef, Lease, Snapshot, Unit};
+use crate::state::rejects::RejectsFile;
+
+use super::source::export_page;
+use super::writer::Writer;
+use super::{BackfillOptions, control, tables};
 
 pub use tail_mark::{publish_final, publish_tail};
 

@@ -6,12 +6,25 @@
 //! counters in one write conditioned on the lease.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
-use super::*;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::Clients;
 use crate::aws::control::Cond;
 use crate::aws::export::{DataFile, ExportReader};
+use crate::aws::rate::Control;
+use crate::aws::scan::Page;
+use crate::core::plan::Plan;
+use crate::core::value::Item;
+use crate::phase::backfill::ledger::{PageEnd, Resume, skip_counted};
+use crate::phase::backfill::page::{MAX_SETTLED, Settled, transform_page};
+use crate::phase::backfill::writer::Writer;
 use crate::phase::fleet::{LeaseLost, Shared, UnitScan, scan_unit};
-use crate::state::fleet::Checkpoint;
+use crate::state::claims::{Claim, Owners};
+use crate::state::fleet::{Checkpoint, Counters, FleetError, Lease, Unit};
+use crate::state::rejects::RejectsFile;
 
 /// What every unit of a worker shares.
 pub(super) struct UnitDrive {
