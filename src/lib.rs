@@ -26,6 +26,10 @@
 //!   per command, progress on the terminal, rendering, the IAM policy, the demo.
 //! * [`local`] — the local AWS (moto) that tests and the demo start.
 
+// Every import names what it takes: a file's imports are its dependencies,
+// and the architecture test reads them (test modules may `use super::*`).
+#![deny(clippy::wildcard_imports)]
+
 pub mod aws;
 pub mod core;
 pub mod local;

@@ -9,6 +9,7 @@ pub mod bucket;
 pub mod hash;
 pub mod import;
 pub mod inverse;
+pub mod itemline;
 pub mod marker;
 pub mod plan;
 pub mod query;

@@ -12,12 +12,15 @@ pub mod barrier;
 pub mod check;
 pub mod cutover;
 pub mod error;
+pub mod fleet;
 pub mod inplace;
 pub mod lifecycle;
 pub mod markers;
 pub mod progress;
 pub mod query;
 pub mod suggest;
+// the last globs go with issue 26's tail part
+#[allow(clippy::wildcard_imports)]
 pub mod tail;
 pub mod verify;
 pub mod watch;

@@ -8,6 +8,7 @@
 //!   one pretty-printed document.
 //!
 //! A bad line is an error for that line only, with its number; the rest is read.
+//! A line is read by [`parse_line`], the pure parser the export reader uses too.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -15,26 +16,13 @@ use std::path::Path;
 use anyhow::Context as _;
 use serde::Deserialize;
 
+use crate::core::itemline::parse_line;
 use crate::core::value::Item;
-
-#[derive(Deserialize)]
-struct Wrapped {
-    #[serde(rename = "Item")]
-    item: Item,
-}
 
 #[derive(Deserialize)]
 struct ScanOutput {
     #[serde(rename = "Items")]
     items: Vec<Item>,
-}
-
-/// Parse one line: a wrapped export item or a bare item.
-pub fn parse_line(line: &str) -> Result<Item, String> {
-    if let Ok(w) = serde_json::from_str::<Wrapped>(line) {
-        return Ok(w.item);
-    }
-    serde_json::from_str::<Item>(line).map_err(|e| e.to_string())
 }
 
 /// One item read from a file, or why its line could not be read.

@@ -1,7 +1,8 @@
 //! The architecture invariants of ARCHITECTURE.md, checked against the
 //! sources: which layer may import which, who may call the SDK, print to
-//! stdout or redact, and that no two modules import each other through any
-//! chain. A rule that breaks names the file, the line and the import.
+//! stdout or redact, and that no two modules — nor two files of one layer —
+//! import each other through any chain. A rule that breaks names the file,
+//! the line and the import.
 //!
 //! The sources are read as text: comments and string literals are blanked
 //! first, then every `crate::…` path (in `use` trees too) and every
@@ -390,6 +391,12 @@ fn architecture_invariant_core_imports_only_core() {
 }
 
 #[test]
+fn architecture_invariant_aws_imports_only_core() {
+    let bad = check_layers(|l| (l == "aws").then_some(&["core"][..]));
+    assert!(bad.is_empty(), "aws imports:\n{}", bad.join("\n"));
+}
+
+#[test]
 fn architecture_invariant_phase_never_imports_ops() {
     let bad = check_layers(|l| (l == "phase").then_some(&["core", "aws", "state", "local"][..]));
     assert!(bad.is_empty(), "phase imports:\n{}", bad.join("\n"));
@@ -520,6 +527,53 @@ fn architecture_invariant_no_import_cycle() {
     }
 }
 
+/// (from file, to file) → the first place it is written, for the imports
+/// between two files of one layer. An import names the file of the longest
+/// prefix of its path that is a module: `super::analysis::Irreversible` is
+/// `analysis.rs`, `super::*` the parent's `mod.rs` (a re-export counts as
+/// the file that re-exports).
+fn file_edges(srcs: &[Source]) -> BTreeMap<(String, String), String> {
+    let files: BTreeMap<&[String], String> = srcs
+        .iter()
+        .map(|s| (s.module.as_slice(), rel(&s.path)))
+        .collect();
+    let mut out = BTreeMap::new();
+    for s in srcs {
+        let Some(layer) = s.module.first() else {
+            continue; // lib.rs and main.rs wire everything
+        };
+        for imp in imports(s) {
+            let Some(to) = (1..=imp.path.len())
+                .rev()
+                .map(|n| &imp.path[..n])
+                .find(|m| files.contains_key(m))
+            else {
+                continue;
+            };
+            if to == s.module.as_slice() || to.first() != Some(layer) {
+                continue;
+            }
+            let from = rel(&s.path);
+            out.entry((from.clone(), files[to].clone()))
+                .or_insert_with(|| {
+                    format!("{from}:{} imports crate::{}", imp.line, imp.path.join("::"))
+                });
+        }
+    }
+    out
+}
+
+/// Within a layer, no two files import each other through any chain: a
+/// piece both need goes into one of them or a third file, so each file can
+/// be read (and changed) knowing only the files below it.
+#[test]
+fn architecture_invariant_no_file_cycle_within_a_layer() {
+    let srcs = sources();
+    if let Some(cycle) = find_cycle(&file_edges(&srcs)) {
+        panic!("file import cycle:\n{}", cycle.join("\n"));
+    }
+}
+
 #[test]
 fn the_import_reader_sees_use_trees_super_and_skips_strings_and_comments() {
     let src = Source {
@@ -552,6 +606,36 @@ fn the_import_reader_sees_use_trees_super_and_skips_strings_and_comments() {
         find_cycle(&e).unwrap(),
         ["a → b (x)", "b → c (y)", "c → a (z)"]
     );
+}
+
+#[test]
+fn the_file_graph_names_the_file_of_the_longest_module_prefix() {
+    let src = |path: &str, module: &[&str], code: &str| Source {
+        path: Path::new(env!("CARGO_MANIFEST_DIR")).join(path),
+        module: module.iter().map(|m| m.to_string()).collect(),
+        code: code.into(),
+    };
+    let srcs = [
+        src("src/core/a/mod.rs", &["core", "a"], "use crate::aws::X;\n"),
+        src(
+            "src/core/a/b.rs",
+            &["core", "a", "b"],
+            "use super::c::{Y, Z};\nuse super::*;\n",
+        ),
+        src("src/core/a/c.rs", &["core", "a", "c"], "use super::b::W;\n"),
+    ];
+    let e = file_edges(&srcs);
+    let got: Vec<(&str, &str)> = e.keys().map(|(f, t)| (f.as_str(), t.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            ("src/core/a/b.rs", "src/core/a/c.rs"),
+            ("src/core/a/b.rs", "src/core/a/mod.rs"),
+            ("src/core/a/c.rs", "src/core/a/b.rs"),
+        ],
+        "one edge per pair, none to another layer"
+    );
+    assert_eq!(find_cycle(&e).map(|c| c.len()), Some(2));
 }
 
 /// The shipped binary carries no test machinery: the proxy, the stand-in and

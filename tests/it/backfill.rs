@@ -366,7 +366,7 @@ fn export_with_a_bad_line(dir: &std::path::Path, items: &[Item]) -> Item {
         }
     });
     let text = lost.into_inner().expect("file 1 has a line 7");
-    rekey::state::itemfile::parse_line(&text).unwrap()
+    rekey::core::itemline::parse_line(&text).unwrap()
 }
 
 /// `rekey backfill PLAN --from-export DIR` at 300 WCU/s (argument 8, the

@@ -66,7 +66,7 @@ async fn three_workers_share_an_exports_files_one_killed_the_target_is_the_expor
             text
         }
     });
-    let lost = rekey::state::itemfile::parse_line(&lost.into_inner().unwrap()).unwrap();
+    let lost = rekey::core::itemline::parse_line(&lost.into_inner().unwrap()).unwrap();
     // Another export, at another prefix: a worker started with it is refused.
     let other = env.dir.path().join("other");
     write_export(

@@ -17,8 +17,8 @@ use md5::{Digest as _, Md5};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
+use crate::core::itemline::parse_line;
 use crate::core::value::Item;
-use crate::state::itemfile::parse_line;
 
 use super::error::ExportError;
 

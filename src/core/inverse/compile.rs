@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use crate::core::plan::{KeyAttr, Plan, Rule};
 use crate::core::template::{Expr, Part, Shape, Template};
 
-use super::analysis::{Irreversible, Removal};
+use super::irreversible::{Irreversible, Removal};
 use super::parse::{Class, bucket_format, part_text};
 
 /// How one template part reads back.

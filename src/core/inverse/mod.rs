@@ -40,6 +40,7 @@
 mod analysis;
 mod compile;
 mod injective;
+mod irreversible;
 mod parse;
 
 #[cfg(test)]
@@ -54,8 +55,9 @@ use crate::core::template::{RenderError, Scope, Template};
 use crate::core::transform::match_rule;
 use crate::core::value::{Item, ScalarType, Value, is_valid_number};
 
-pub use analysis::{Irreversible, Removal, RuleReversibility, plan_notes, reversibility};
+pub use analysis::{RuleReversibility, plan_notes, reversibility};
 pub use injective::key_injective;
+pub use irreversible::{Irreversible, Removal};
 
 use compile::{Reading, Role, RuleInverse, SourceFrom, compile};
 use parse::{MAX_SPLITS, Tok, TooMany, part_text, splits};

@@ -305,177 +305,191 @@ struct Scope {
 }
 
 fn needs(commands: &[PolicyCommand], scope: &Scope) -> Needs {
-    use PolicyCommand::*;
-    let Scope {
-        export,
-        import,
-        in_place,
-        fleet,
-    } = *scope;
     let mut n = Needs::default();
-    for c in commands {
+    for &c in commands {
+        n.command(c, scope);
+    }
+    n.together(commands, scope.fleet);
+    n
+}
+
+/// Stream reads: the shards listed, an iterator per shard, its records.
+const STREAM_READS: [&str; 3] = [
+    "dynamodb:DescribeStream",
+    "dynamodb:GetShardIterator",
+    "dynamodb:GetRecords",
+];
+
+/// A barrier's or a probe's marker item, written and deleted.
+const MARKER_WRITES: [&str; 2] = ["dynamodb:PutItem", "dynamodb:DeleteItem"];
+
+impl Needs {
+    /// What `c` calls, whatever runs beside it.
+    fn command(&mut self, c: PolicyCommand, scope: &Scope) {
         match c {
-            Analyze => n.source.extend(["dynamodb:DescribeTable", "dynamodb:Scan"]),
-            Backfill => {
-                n.source.insert("dynamodb:DescribeTable");
-                if export {
-                    n.export = true;
-                } else {
-                    n.source.insert("dynamodb:Scan");
-                }
-                if in_place {
-                    n.target.extend([
-                        "dynamodb:DescribeTable",
-                        "dynamodb:UpdateItem",
-                        "dynamodb:GetItem",
-                    ]);
-                } else if import {
-                    n.target
-                        .extend(["dynamodb:DescribeTable", "dynamodb:ImportTable"]);
-                    n.import = true;
-                } else {
-                    n.target.extend([
-                        "dynamodb:DescribeTable",
-                        "dynamodb:BatchWriteItem",
-                        "dynamodb:PutItem",
-                    ]);
-                }
+            PolicyCommand::Analyze => self
+                .source
+                .extend(["dynamodb:DescribeTable", "dynamodb:Scan"]),
+            PolicyCommand::Backfill => self.backfill(scope),
+            PolicyCommand::Tail => self.tail(scope.in_place),
+            PolicyCommand::Verify => self.verify(),
+            PolicyCommand::Drain => self.marker.extend(MARKER_WRITES),
+            PolicyCommand::Cutover => {
+                self.source.insert("dynamodb:DescribeTable");
+                self.target.insert("dynamodb:DescribeTable");
+                self.marker.extend(MARKER_WRITES);
             }
-            Tail => {
-                n.source.insert("dynamodb:DescribeTable");
-                // Probes: markers that make quiet stream shards show a record.
-                n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
-                n.stream.extend([
-                    "dynamodb:DescribeStream",
-                    "dynamodb:GetShardIterator",
-                    "dynamodb:GetRecords",
-                ]);
-                if in_place {
-                    n.target.extend(["dynamodb:UpdateItem", "dynamodb:GetItem"]);
-                } else {
-                    n.target.extend([
-                        "dynamodb:BatchWriteItem",
-                        "dynamodb:PutItem",
-                        "dynamodb:DeleteItem",
-                    ]);
-                }
+            PolicyCommand::Query => {
+                self.target.insert("dynamodb:Query");
             }
-            Verify => {
-                // The stream watch's probes while it waits.
-                n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
-                n.source.extend([
-                    "dynamodb:DescribeTable",
-                    "dynamodb:Scan",
-                    "dynamodb:BatchGetItem",
-                ]);
-                n.stream.extend([
-                    "dynamodb:DescribeStream",
-                    "dynamodb:GetShardIterator",
-                    "dynamodb:GetRecords",
-                ]);
-                n.target.extend([
-                    "dynamodb:DescribeTable",
-                    "dynamodb:BatchGetItem",
-                    "dynamodb:Scan",
-                ]);
+            PolicyCommand::Reverse => self.reverse(),
+            PolicyCommand::Rollback => {
+                self.source.insert("dynamodb:DescribeTable");
+                self.target.insert("dynamodb:DescribeTable");
+                self.target_marker.extend(MARKER_WRITES);
             }
-            Drain => n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]),
-            Cutover => {
-                n.source.insert("dynamodb:DescribeTable");
-                n.target.insert("dynamodb:DescribeTable");
-                n.marker.extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
-            }
-            Query => {
-                n.target.insert("dynamodb:Query");
-            }
-            Reverse => {
-                n.target
-                    .extend(["dynamodb:DescribeTable", "dynamodb:GetItem"]);
-                n.target_stream.extend([
-                    "dynamodb:DescribeStream",
-                    "dynamodb:GetShardIterator",
-                    "dynamodb:GetRecords",
-                ]);
-                n.source.extend([
-                    "dynamodb:BatchWriteItem",
-                    "dynamodb:PutItem",
-                    "dynamodb:DeleteItem",
-                    "dynamodb:GetItem",
-                ]);
-            }
-            Rollback => {
-                n.source.insert("dynamodb:DescribeTable");
-                n.target.insert("dynamodb:DescribeTable");
-                n.target_marker
-                    .extend(["dynamodb:PutItem", "dynamodb:DeleteItem"]);
-            }
-            Worker => {
-                n.source.insert("dynamodb:DescribeTable");
-                if export {
-                    // `--from-export`: the units are the export's data files.
-                    n.export = true;
-                } else {
-                    n.source.insert("dynamodb:Scan");
-                }
-                n.target.extend([
-                    "dynamodb:DescribeTable",
-                    "dynamodb:BatchWriteItem",
-                    "dynamodb:PutItem",
-                ]);
-                // The control table: created on demand, then leases,
-                // checkpoints, claims and the workers' records.
-                n.control.extend([
-                    "dynamodb:CreateTable",
-                    "dynamodb:DescribeTable",
-                    "dynamodb:GetItem",
-                    "dynamodb:PutItem",
-                    "dynamodb:UpdateItem",
-                    "dynamodb:Query",
-                    // `--tail`: applied buffer chunks are deleted.
-                    "dynamodb:DeleteItem",
-                ]);
-                // `--tail`: the source's stream, and the tail's deletes.
-                n.stream.extend([
-                    "dynamodb:DescribeStream",
-                    "dynamodb:GetShardIterator",
-                    "dynamodb:GetRecords",
-                ]);
-                n.target.insert("dynamodb:DeleteItem");
-            }
+            PolicyCommand::Worker => self.worker(scope.export),
         }
     }
-    if commands.contains(&Tail) {
-        // `tail --fleet` reads the fleet's "backfill done" record and
-        // publishes its progress (`TAIL`).
-        n.control.extend(["dynamodb:GetItem", "dynamodb:PutItem"]);
+
+    fn backfill(&mut self, scope: &Scope) {
+        self.source.insert("dynamodb:DescribeTable");
+        if scope.export {
+            self.export = true;
+        } else {
+            self.source.insert("dynamodb:Scan");
+        }
+        if scope.in_place {
+            self.target.extend([
+                "dynamodb:DescribeTable",
+                "dynamodb:UpdateItem",
+                "dynamodb:GetItem",
+            ]);
+        } else if scope.import {
+            self.target
+                .extend(["dynamodb:DescribeTable", "dynamodb:ImportTable"]);
+            self.import = true;
+        } else {
+            self.target.extend([
+                "dynamodb:DescribeTable",
+                "dynamodb:BatchWriteItem",
+                "dynamodb:PutItem",
+            ]);
+        }
     }
-    if commands.contains(&Verify) {
-        // `verify --state`: its units leased, committed and its verdict
-        // written, in a control table the workers created.
-        n.control.extend([
+
+    fn tail(&mut self, in_place: bool) {
+        self.source.insert("dynamodb:DescribeTable");
+        // Probes: markers that make quiet stream shards show a record.
+        self.marker.extend(MARKER_WRITES);
+        self.stream.extend(STREAM_READS);
+        if in_place {
+            self.target
+                .extend(["dynamodb:UpdateItem", "dynamodb:GetItem"]);
+        } else {
+            self.target.extend([
+                "dynamodb:BatchWriteItem",
+                "dynamodb:PutItem",
+                "dynamodb:DeleteItem",
+            ]);
+        }
+    }
+
+    fn verify(&mut self) {
+        // The stream watch's probes while it waits.
+        self.marker.extend(MARKER_WRITES);
+        self.source.extend([
+            "dynamodb:DescribeTable",
+            "dynamodb:Scan",
+            "dynamodb:BatchGetItem",
+        ]);
+        self.stream.extend(STREAM_READS);
+        self.target.extend([
+            "dynamodb:DescribeTable",
+            "dynamodb:BatchGetItem",
+            "dynamodb:Scan",
+        ]);
+    }
+
+    fn reverse(&mut self) {
+        self.target
+            .extend(["dynamodb:DescribeTable", "dynamodb:GetItem"]);
+        self.target_stream.extend(STREAM_READS);
+        self.source.extend([
+            "dynamodb:BatchWriteItem",
+            "dynamodb:PutItem",
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+        ]);
+    }
+
+    fn worker(&mut self, export: bool) {
+        self.source.insert("dynamodb:DescribeTable");
+        if export {
+            // `--from-export`: the units are the export's data files.
+            self.export = true;
+        } else {
+            self.source.insert("dynamodb:Scan");
+        }
+        self.target.extend([
+            "dynamodb:DescribeTable",
+            "dynamodb:BatchWriteItem",
+            "dynamodb:PutItem",
+        ]);
+        // The control table: created on demand, then leases,
+        // checkpoints, claims and the workers' records.
+        self.control.extend([
+            "dynamodb:CreateTable",
             "dynamodb:DescribeTable",
             "dynamodb:GetItem",
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
             "dynamodb:Query",
+            // `--tail`: applied buffer chunks are deleted.
+            "dynamodb:DeleteItem",
         ]);
+        // `--tail`: the source's stream, and the tail's deletes.
+        self.stream.extend(STREAM_READS);
+        self.target.insert("dynamodb:DeleteItem");
     }
-    if commands.contains(&Cutover) {
-        // `cutover --state`: the fleet's backfill and its verify's verdict.
-        n.control.extend(["dynamodb:GetItem", "dynamodb:Query"]);
-    }
-    if fleet && (commands.contains(&Drain) || commands.contains(&Cutover)) {
-        // A barrier through the fleet's own tail (`drain`, `cutover` and
-        // `finish --state`): the shards' units read, the source's stream
-        // listed once the marker is observed; `finish` records the end.
-        n.source.insert("dynamodb:DescribeTable");
-        n.stream.insert("dynamodb:DescribeStream");
-        n.control.insert("dynamodb:Query");
-        if commands.contains(&Cutover) {
-            n.control.insert("dynamodb:UpdateItem");
+
+    /// What the commands call on a fleet's control table, and what a
+    /// barrier through the fleet's tail needs (`fleet`: `--state` given).
+    fn together(&mut self, commands: &[PolicyCommand], fleet: bool) {
+        let has = |c| commands.contains(&c);
+        if has(PolicyCommand::Tail) {
+            // `tail --fleet` reads the fleet's "backfill done" record and
+            // publishes its progress (`TAIL`).
+            self.control
+                .extend(["dynamodb:GetItem", "dynamodb:PutItem"]);
+        }
+        if has(PolicyCommand::Verify) {
+            // `verify --state`: its units leased, committed and its verdict
+            // written, in a control table the workers created.
+            self.control.extend([
+                "dynamodb:DescribeTable",
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:Query",
+            ]);
+        }
+        if has(PolicyCommand::Cutover) {
+            // `cutover --state`: the fleet's backfill and its verify's verdict.
+            self.control.extend(["dynamodb:GetItem", "dynamodb:Query"]);
+        }
+        if fleet && (has(PolicyCommand::Drain) || has(PolicyCommand::Cutover)) {
+            // A barrier through the fleet's own tail (`drain`, `cutover` and
+            // `finish --state`): the shards' units read, the source's stream
+            // listed once the marker is observed; `finish` records the end.
+            self.source.insert("dynamodb:DescribeTable");
+            self.stream.insert("dynamodb:DescribeStream");
+            self.control.insert("dynamodb:Query");
+            if has(PolicyCommand::Cutover) {
+                self.control.insert("dynamodb:UpdateItem");
+            }
         }
     }
-    n
 }
 
 /// A policy document, its fields in the order IAM's own examples use.

@@ -1,8 +1,27 @@
 //! A backfill's books: counters, the rejects file and resume points,
 //! committed together, one page at a time.
 
-use super::*;
 use std::collections::BTreeSet;
+
+use crate::core::plan::Plan;
+use crate::core::value::{Item, encode_key};
+use crate::state::StateStore;
+use crate::state::claims::Claims;
+use crate::state::rejects::RejectsFile;
+
+use super::{Counters, Keys};
+
+/// A page read, transformed and written: what its checkpoint commits.
+pub(super) struct PageDone {
+    /// The checkpoint's key (a segment's or an export file's).
+    pub(super) key: String,
+    /// The resume point after this page.
+    pub(super) state: serde_json::Value,
+    pub(super) counts: Counters,
+    pub(super) rejects: Vec<(Item, String)>,
+    /// The stream's last page, or a stop: an open import part is written now.
+    pub(super) last: bool,
+}
 
 /// Shared state of a run: counters, rejects file, checkpoint commits.
 pub(super) struct Ledger {
@@ -141,7 +160,7 @@ pub(crate) fn skip_counted(
     let mut met = BTreeSet::new();
     let keep = items
         .into_iter()
-        .filter(|it| match super::page::digest(it, &names) {
+        .filter(|it| match digest(it, &names) {
             Some(d) if carried.contains(&d) => {
                 met.insert(d);
                 false
@@ -152,9 +171,22 @@ pub(crate) fn skip_counted(
     (keep, met)
 }
 
+/// The name a partial checkpoint gives an item: the MD5 of its encoded
+/// source key, hex (a fixed 32 bytes whatever the key, and, after a re-read
+/// under live writes, the same item by key whatever its attributes became).
+pub(super) fn digest(key: &Item, names: &[&str]) -> Option<String> {
+    use md5::{Digest, Md5};
+    let k = encode_key(key, names)?;
+    Some(format!(
+        "{:032x}",
+        u128::from_be_bytes(Md5::digest(&k).into())
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::value::Value;
 
     fn key(pk: &str) -> Item {
         let mut k = Item::new();

@@ -24,37 +24,25 @@
 //! skipped, counted once (counters move only with their page's checkpoint,
 //! and the rejects file is truncated back to the committed length on resume).
 
-use std::collections::HashMap;
-use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
-use tokio_util::sync::CancellationToken;
-
-use crate::state::StateDir;
-use crate::state::claims::{Claim, Claimed, Claims, Owners};
-use anyhow::Context as _;
-use futures::stream::{self, StreamExt};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::aws::Clients;
-use crate::aws::export::{DataFile, ExportLocation, ExportReader, S3Client, lines_channel};
 use crate::aws::rate::{Control, Rate, ThrottleStats};
-use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
-use crate::aws::write::BATCH;
 use crate::core::plan::{Mode, Plan};
-use crate::core::transform::{Owned, Remnant, transform_owned};
-use crate::core::value::{Item, Value, decode_key, encode_key, item_size, write_units};
+use crate::core::value::Item;
 use crate::phase::error::{InputError, Stopped};
-use crate::phase::inplace::{self, Applied, Direction};
+use crate::phase::inplace::Direction;
 use crate::phase::progress::Progress;
-use crate::state::control::ControlFile;
+use crate::state::claims::Claims;
 use crate::state::rejects::RejectsFile;
-use crate::state::{BackfillStage, StateStore};
+use crate::state::{BackfillStage, StateDir, StateStore};
 
 pub mod fleet;
 mod import;
@@ -66,16 +54,14 @@ mod writer;
 
 pub use import::ImportReport;
 
-use crate::core::import as core_import;
-use import::*;
-use ledger::*;
-use page::*;
-use source::*;
-use status::*;
-use writer::*;
-
 use crate::aws::TableInfo;
 use crate::state::snapshot::{BackfillStatus, ImportProgress};
+
+use import::{Books, ImportSink, error_note};
+use ledger::{Ledger, Resume};
+use source::{Drive, EXPORT_PAGE};
+use status::{Ending, Ticker, snapshot};
+use writer::Writer;
 
 #[derive(Debug, Clone)]
 pub struct BackfillOptions {
@@ -481,6 +467,8 @@ fn stopped(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::value::Value;
+    use source::export_page;
 
     #[test]
     fn counters_add_up() {

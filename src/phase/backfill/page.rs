@@ -1,7 +1,23 @@
 //! One page: transform, claim the target keys, write; or, in place, the
 //! conditional UpdateItem of each item that needs one.
 
-use super::*;
+use std::num::NonZeroU32;
+
+use anyhow::Context as _;
+use futures::stream::{self, StreamExt};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::plan::{Mode, Plan};
+use crate::core::transform::{Owned, Remnant, transform_owned};
+use crate::core::value::{Item, Value, decode_key, encode_key};
+use crate::phase::inplace::{self, Applied, Direction};
+use crate::state::claims::{Claim, Claimed, Owners};
+
+use super::Counters;
+use super::import::ImportSink;
+use super::ledger::{Ledger, digest};
+use super::writer::{Answer, Writer};
 
 /// Where a page's target items go: the target table (BatchWriteItem), or,
 /// with `--via-import`, the open S3 object of the page's stream.
@@ -89,18 +105,6 @@ pub(super) struct Settled {
     /// answered; the digests ([`digest`]) of the items counted. The others
     /// are counted when the page is read again.
     pub(super) partial: Option<Vec<String>>,
-}
-
-/// The name a partial checkpoint gives an item: the MD5 of its encoded
-/// source key, hex (a fixed 32 bytes whatever the key, and, after a re-read
-/// under live writes, the same item by key whatever its attributes became).
-pub(super) fn digest(key: &Item, names: &[&str]) -> Option<String> {
-    use md5::{Digest, Md5};
-    let k = encode_key(key, names)?;
-    Some(format!(
-        "{:032x}",
-        u128::from_be_bytes(Md5::digest(&k).into())
-    ))
 }
 
 /// One item as a stop found it: settled (its digest, and its counts), or not.

@@ -1,8 +1,30 @@
 //! Where a backfill reads: a parallel Scan, or the data files of an S3 export,
 //! each page committed once its writes are acknowledged.
 
-use super::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::stream::{self, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::Clients;
+use crate::aws::export::{DataFile, ExportLocation, ExportReader, S3Client, lines_channel};
+use crate::aws::rate::Control;
+use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
+use crate::core::import as core_import;
+use crate::core::plan::Plan;
+use crate::core::value::Item;
+use crate::phase::error::InputError;
+use crate::phase::inplace::Direction;
+
+use super::SegState;
+use super::import::ImportSink;
+use super::ledger::{Ledger, PageDone, PageEnd, Resume, skip_counted};
+use super::page::{MAX_SETTLED, PageStep, Put, process_page};
+use super::writer::Writer;
 
 /// What both sources need to turn pages into committed writes.
 pub(super) struct Drive<'a> {
@@ -26,18 +48,6 @@ fn put<'a>(writer: &'a Writer, import: &'a Option<Arc<ImportSink>>, stream: &'a 
         Some(sink) => Put::Import(sink, stream),
         None => Put::Table(writer),
     }
-}
-
-/// A page read, transformed and written: what its checkpoint commits.
-pub(super) struct PageDone {
-    /// The checkpoint's key (a segment's or an export file's).
-    pub(super) key: String,
-    /// The resume point after this page.
-    pub(super) state: serde_json::Value,
-    pub(super) counts: Counters,
-    pub(super) rejects: Vec<(Item, String)>,
-    /// The stream's last page, or a stop: an open import part is written now.
-    pub(super) last: bool,
 }
 
 /// A page of `stream` is done: commit it now, or, into S3 objects, with

@@ -3,7 +3,22 @@
 //! `backfill.json` published (with whether a pause has taken effect), and the
 //! progress display updated.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::aws::rate::Control;
+use crate::phase::progress::Progress;
+use crate::state::StateDir;
+use crate::state::control::ControlFile;
+use crate::state::snapshot::BackfillStatus;
+
+use super::Counters;
+use super::import::ImportSink;
+use super::ledger::Ledger;
+use super::writer::Writer;
 
 /// The run's shared parts the ticker reads.
 pub(super) struct Ticker {

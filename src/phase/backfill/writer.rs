@@ -4,10 +4,26 @@
 //! own ([`KeyRates`]), below `--key-write-rate`, and its throttles leave the
 //! table's rate alone.
 
-use super::*;
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::stream::{self, StreamExt};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::Clients;
+use crate::aws::rate::Control;
 use crate::aws::rate::keys::KeyRates;
-use crate::aws::write::{Blame, Pace, blame_of, write_batch_paced};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use crate::aws::write::{BATCH, Blame, Pace, blame_of, write_batch_paced};
+use crate::core::plan::Plan;
+use crate::core::value::{Item, Value, item_size, write_units};
+use crate::phase::fleet::Fenced;
+
+use super::BackfillOptions;
 
 /// Limited keys held at most (each a few hundred bytes).
 const MAX_LIMITED_KEYS: usize = 10_000;
@@ -226,11 +242,6 @@ impl Writer {
         Ok(idx.into_iter().zip(r.refused).collect())
     }
 }
-
-/// A fenced write stopped: the writer may no longer write for its unit.
-#[derive(Debug, thiserror::Error)]
-#[error("the lease on this unit may be gone: no more writes for it")]
-pub(super) struct Fenced;
 
 /// One batch's items as the per-key rates see them: partition key and WCU.
 struct BatchPace<'a> {

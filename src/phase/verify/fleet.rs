@@ -4,7 +4,7 @@
 //! Its units are the Scan segments of both passes — forward units `0..S`
 //! (the source's segments), orphan units `S..2S` (the target's), S being
 //! the migration's segment count — leased as the workers lease theirs
-//! ([`crate::phase::backfill::fleet::lead`]: the same takes, heartbeat,
+//! ([`crate::phase::fleet`]: the same takes, heartbeat,
 //! fence, re-balancing and release), as `VUNIT#` items. Each page is compared
 //! exactly as on one machine ([`compare_forward`], [`compare_backward`]) and
 //! its candidates re-checked at once, before the page's commit, by the same
@@ -25,13 +25,38 @@
 //! reads is judged by value (a false alarm is possible there, never a
 //! missed difference).
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::Clients;
 use crate::aws::control::{Cond, ControlTable};
-use crate::phase::backfill::fleet::{
+use crate::aws::rate::Control;
+use crate::aws::scan::Page;
+use crate::core::plan::Plan;
+use crate::phase::error::{InputError, Stopped};
+use crate::phase::fleet::{
     Beside, Budgets, Drive, LeaseLost, Leasing, Shared, UnitScan, lead, scan_unit,
 };
+use crate::phase::progress::Progress;
 use crate::state::fleet::verify::count_pairs;
 use crate::state::fleet::{Checkpoint, Fleet, FleetRef, Lease, Unit};
+use crate::state::snapshot::{Counts, VerifyResult};
+use crate::state::{StateDir, StateStore};
+
+use super::forward::compare_forward;
+use super::ledger::Ledger;
+use super::orphans::{compare_backward, decide_orphans};
+use super::recheck::{recheck_forward, tally_forward, tally_orphan};
+use super::report::{EXAMPLES, example};
+use super::{
+    Ctx, Mismatch, Step, Tables, VerifyOptions, VerifyReport, check_inputs, ms_to_time, now_ms,
+    tables,
+};
 
 /// `rekey verify --state dynamodb://…`.
 #[derive(Debug, Clone)]

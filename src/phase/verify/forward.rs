@@ -1,7 +1,21 @@
 //! The forward pass: every source item's transform, fetched from the target
 //! and compared; differences become candidates for the re-check.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::aws::scan::{self, Page};
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+use crate::state::StoreBatch;
+use crate::state::snapshot::Counts;
+
+use super::ledger::seg_key;
+use super::{
+    CAND, Ctx, Kind, Mismatch, differing_attributes, hex, kept_source_key, key_item, now_ms,
+    sampled, scan_opts, seg_state,
+};
 
 // ---- forward ------------------------------------------------------------------
 

@@ -13,20 +13,19 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
-
-use crate::aws::rate::Control;
-use crate::aws::{Clients, TableInfo};
-use crate::core::plan::Plan;
 use serde::Serialize;
 
-use super::{TailWait, VerifyOptions, wait_for_tail};
-use crate::aws::item;
+use crate::aws::rate::Control;
 use crate::aws::scan::{self, ScanOptions};
+use crate::aws::{Clients, TableInfo, item};
+use crate::core::plan::Plan;
 use crate::core::value::Item;
 use crate::phase::error::InputError;
-use crate::phase::inplace::*;
+use crate::phase::inplace::{check_item, retried};
 use crate::phase::progress::Progress;
 use crate::state::snapshot::{Counts, VerifyResult};
+
+use super::{TailWait, VerifyOptions, wait_for_tail};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct InPlaceVerifyReport {

@@ -1,7 +1,14 @@
 //! The verify store's books: checkpoints, counters, candidates and what the
 //! stream watch recorded, committed together so a kill -9 cannot lose one.
 
-use super::*;
+use std::collections::HashMap;
+
+use crate::core::value::{Item, encode_key};
+use crate::phase::watch::Touch;
+use crate::state::snapshot::Counts;
+use crate::state::{StateStore, StoreBatch};
+
+use super::{CAND, KEY_COUNTS, KEY_RUN, OCAND, OWNER, RunMeta, Step, TOUCHED, WRITES, hex};
 
 pub(super) fn seg_key(pass: &str, n: u32) -> String {
     format!("verify/{pass}/{n:05}")
@@ -83,4 +90,10 @@ impl Ledger {
         self.store.flush()?;
         Ok(())
     }
+}
+
+/// The store key that records a source item the stream watch saw map to a
+/// target key during the orphan pass ([`TOUCHED`]).
+fn touch_key(target_key: &[u8], source_key: &[u8]) -> String {
+    format!("{TOUCHED}{}/{}", hex(target_key), hex(source_key))
 }

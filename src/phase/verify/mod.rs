@@ -31,36 +31,30 @@
 //! unconfirmed_orphans + pending_orphans`; at the end nothing is pending.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use md5::{Digest as _, Md5};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
-
 use tokio_util::sync::CancellationToken;
 
 use crate::aws::Clients;
 use crate::aws::rate::{Control, Rate};
 use crate::aws::scan::{self, Page, ScanOptions, SegmentStart};
-use crate::aws::write::write_batch;
 use crate::core::inverse::{InverseOutcome, InverseReason, Inverter};
 use crate::core::plan::{Mode, Plan};
-use crate::core::transform::{Outcome, transform};
-use crate::core::value::{Item, encode_key};
+use crate::core::value::Item;
 use crate::phase::error::{InputError, Stopped};
 use crate::phase::progress::Progress;
-use crate::phase::watch::Touch;
-use crate::state::StateDir;
 use crate::state::snapshot::{Counts, VerifyResult, rfc3339};
-use crate::state::{StateStore, StoreBatch};
+use crate::state::{StateDir, StateStore};
 
 /// Keys per BatchGetItem call (DynamoDB's limit).
-use crate::aws::item::{GET_BATCH, batch_get};
+use crate::aws::item::batch_get;
 
 pub mod fleet;
 mod forward;
@@ -72,14 +66,14 @@ mod repair;
 mod report;
 mod reverse;
 
-use forward::*;
-use ledger::*;
-use orphans::*;
-use recheck::*;
+use forward::forward;
+use ledger::{Ledger, seg_key};
+use orphans::{backward, orphan_pass, recheck_orphans_all};
 pub use recheck::{TailWait, wait_for_fleet_tail, wait_for_tail};
-use repair::*;
+use recheck::{Watcher, recheck_forward_all};
+use repair::repair;
 pub use report::render;
-use report::*;
+use report::write_mismatches;
 pub use reverse::run_reverse;
 /// How far past a candidate's discovery the tail must have applied.
 const MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
@@ -843,6 +837,7 @@ fn scan_opts(ctx: &Ctx, table: &str, segments: u32) -> ScanOptions {
 mod tests {
     use super::*;
     use crate::core::value::Value;
+    use crate::core::value::encode_key;
 
     #[test]
     fn counts_add_up_scanned_is_matched_mismatched_rejected_skipped() {

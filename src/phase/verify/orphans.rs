@@ -2,7 +2,24 @@
 //! without `source_key_prefix`, a second pass over the source under a stream
 //! watch ("Orphans without the prefix").
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::Utc;
+
+use crate::aws::scan::Page;
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+use crate::state::StoreBatch;
+use crate::state::snapshot::Counts;
+
+use super::forward::{Side, scan_pass};
+use super::ledger::seg_key;
+use super::recheck::{Verdict, Watcher, next_candidates, tally_orphan};
+use super::{
+    Ctx, Kind, MARGIN, MAX_ROUNDS, MM, Mismatch, Named, OCAND, OWNER, TOUCHED, TailWait, hex,
+    key_item, ms_to_time, now_ms, seg_state,
+};
 
 // ---- backward -----------------------------------------------------------------
 
@@ -150,10 +167,6 @@ pub(super) async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result
 /// An owner of an orphan candidate as one round read it (None: absent), with
 /// the writes the watch had seen to it before the read.
 pub(super) type OwnerRead = (Option<Item>, Option<u64>);
-
-pub(super) fn touch_key(target_key: &[u8], source_key: &[u8]) -> String {
-    format!("{TOUCHED}{}/{}", hex(target_key), hex(source_key))
-}
 
 /// Settle orphan candidates, round by round after the tail has caught up:
 /// read the target item (gone: resolved), then the source items that could

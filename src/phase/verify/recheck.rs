@@ -2,7 +2,21 @@
 //! gated on the tail's `applied_through`, with the stream watch counting the
 //! writes between reads (ARCHITECTURE.md, "Verify: no false alarms").
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+use crate::aws::item::GET_BATCH;
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+use crate::state::snapshot::Counts;
+use crate::state::{StateDir, StoreBatch};
+
+use super::{
+    CAND, Ctx, Kind, MARGIN, MAX_ROUNDS, MM, Mismatch, WRITES, differing_attributes, key_item,
+    ms_to_time,
+};
 
 // ---- the tail's status --------------------------------------------------------
 

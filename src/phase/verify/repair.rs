@@ -1,7 +1,14 @@
 //! `--repair`: rewrite missing and different items from their source, delete
 //! orphans, and re-verify exactly those keys.
 
-use super::*;
+use crate::aws::item::GET_BATCH;
+use crate::aws::write::write_batch;
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+
+use super::recheck::{Verdict, recheck_forward, unconfirmed};
+use super::report::{EXAMPLES, example};
+use super::{Ctx, Kind, MM, Mismatch, RepairReport, now_ms};
 
 // ---- repair -------------------------------------------------------------------
 

@@ -1,6 +1,13 @@
 //! What a verify reports: the mismatches file, examples, the plain text.
 
-use super::*;
+use std::path::Path;
+
+use anyhow::Context as _;
+
+use crate::core::value::Item;
+use crate::state::StateStore;
+
+use super::{Example, Kind, MM, Mismatch, VerifyReport};
 
 // ---- output -------------------------------------------------------------------
 

@@ -16,9 +16,30 @@
 //! result where the forward verify does, so `rekey rollback`'s clean-verify
 //! gate reads it.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
+use anyhow::Context as _;
+use chrono::Utc;
+use tokio::sync::Mutex;
+
+use crate::aws::Clients;
+use crate::aws::item::{GET_BATCH, batch_get};
+use crate::aws::rate::Control;
+use crate::aws::scan::{self, Page, ScanOptions};
 use crate::core::inverse::{InverseOutcome, Inverter};
+use crate::core::plan::Plan;
+use crate::core::transform::{Outcome, transform};
+use crate::core::value::{Item, encode_key};
+use crate::phase::error::Stopped;
+use crate::phase::progress::Progress;
+use crate::state::snapshot::{Counts, VerifyResult};
+
+use super::report::{EXAMPLES, example};
+use super::{
+    Kind, MARGIN, Mismatch, Tables, TailWait, VerifyOptions, VerifyReport, tables, wait_for_tail,
+};
 
 /// One difference found by a scan, to re-check.
 #[derive(Debug, Clone)]

@@ -18,8 +18,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::*;
+use serde::Serialize;
+
 use crate::aws::export::DataFile;
+use crate::core::plan::Plan;
+use crate::core::value::Item;
+
+use super::{Fleet, FleetError, Meta, Unit, inum, n, num, s, text};
 
 /// The export a migration's backfill reads, as `META` records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -186,6 +191,7 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::fleet::{Checkpoint, Counters};
 
     fn file(key: &str) -> DataFile {
         DataFile {

@@ -6,8 +6,13 @@
 //! process), then `finished_ms`, `clean` and the summed counters, written
 //! once every unit is done — what a fleet cutover gates on.
 
-use super::*;
+use serde::Serialize;
+
+use crate::aws::control::Cond;
+use crate::core::value::{Item, Value};
 use crate::state::snapshot::Counts;
+
+use super::{Fleet, FleetError, exprs, inum, n, num, s, text, wall_ms};
 
 /// The fleet verify's record (`VERIFY`).
 #[derive(Debug, Clone, PartialEq, Serialize)]

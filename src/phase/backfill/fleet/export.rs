@@ -13,20 +13,22 @@
 //! fenced writes, checkpoint and counters committed under the lease). The
 //! file's unit is done only once the reader has proved the file whole.
 
-use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::unit::{PageRead, UnitDrive};
-use super::*;
-use crate::aws::export::{DataFile, ExportLocation, ExportReader};
-use crate::state::fleet::Checkpoint;
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::Clients;
+use crate::aws::export::{ExportLocation, ExportReader};
+use crate::core::plan::Plan;
+use crate::phase::backfill::source::{FilePage, FileRead, read_file_pages, s3_client};
+use crate::phase::error::InputError;
+use crate::phase::progress::Progress;
 use crate::state::fleet::export::{ExportSource, check_source, file_units, unit_files};
+use crate::state::fleet::{Checkpoint, Counters, Fleet, Lease, Unit};
 
-/// The export a worker's units read, opened once.
-pub(crate) struct ExportFiles {
-    pub(super) reader: ExportReader,
-    /// Each unit's data file.
-    pub(super) files: HashMap<u32, DataFile>,
-}
+use super::unit::{ExportFiles, PageRead, UnitDrive};
+use super::{DEFAULT_FLEET_SEGMENTS, WorkerOptions};
 
 /// What joining gave this worker: the units' count, and the export they
 /// read when they read one.

@@ -4,8 +4,13 @@
 //! cannot read the tail's local `status.json`. A sharded fleet tail writes
 //! the same item.
 
-use super::*;
-use crate::state::fleet::TailMark;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::aws::{AwsError, Clients};
+use crate::state::StateDir;
+use crate::state::fleet::{Fleet, FleetError, FleetRef, TailMark};
 use crate::state::snapshot::{self, TailStatus};
 
 /// The mark of the tail's status file, if it has written one.

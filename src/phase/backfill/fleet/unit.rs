@@ -5,91 +5,26 @@
 //! there is nothing to claim), written under the fence, and committed with its
 //! counters in one write conditioned on the lease.
 
-use super::*;
-use crate::state::fleet::Checkpoint;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
-/// The lease on a unit is gone (its commit was refused, or the fence
-/// closed): the unit stops at once, and another worker goes on from its
-/// last committed checkpoint.
-#[derive(Debug, thiserror::Error)]
-#[error("unit {unit}: lease {lease} is no longer this worker's")]
-pub struct LeaseLost {
-    pub unit: u32,
-    pub lease: u64,
-}
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
-/// Whether `e` means the unit's lease is gone (not a failure of the worker).
-pub(super) fn lost(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.is::<LeaseLost>() || c.is::<Fenced>())
-}
-
-/// One unit's Scan: segment `segment` of `table`.
-pub(crate) struct UnitScan {
-    pub table: String,
-    pub segments: u32,
-    pub segment: u32,
-    pub page_limit: Option<i32>,
-    pub control: Arc<Control>,
-    pub stop: CancellationToken,
-}
-
-/// Scans `unit`'s segment from its committed checkpoint, page by page,
-/// each page handed to `on_page` with its number (which commits it under
-/// the lease). True once the segment's last page is through.
-pub(crate) async fn scan_unit<F, Fut>(
-    clients: &Clients,
-    scan: UnitScan,
-    unit: &Unit,
-    on_page: F,
-) -> anyhow::Result<bool>
-where
-    F: Fn(Page, u64) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let start = match &unit.checkpoint {
-        Checkpoint::Done => return Ok(true),
-        Checkpoint::Beginning => SegmentStart::Beginning,
-        Checkpoint::After(k) => SegmentStart::After(k.clone()),
-        Checkpoint::Partial { from, .. } => from
-            .clone()
-            .map_or(SegmentStart::Beginning, SegmentStart::After),
-        Checkpoint::Lines(_) => {
-            anyhow::bail!(
-                "unit {}: an export file's checkpoint on a Scan segment",
-                unit.n
-            )
-        }
-    };
-    let mut starts = vec![SegmentStart::Done; scan.segments as usize];
-    starts[scan.segment as usize] = start;
-    let opts = ScanOptions {
-        table: scan.table,
-        segments: scan.segments,
-        page_limit: scan.page_limit,
-        consistent_read: false,
-        stop: scan.stop,
-    };
-    let page_no = Arc::new(AtomicU64::new(unit.page));
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (pages, finished, stop) = (page_no.clone(), done.clone(), opts.stop.clone());
-    scan::scan(clients, &opts, starts, scan.control, move |page: Page| {
-        let (on_page, pages, finished) = (on_page.clone(), pages.clone(), finished.clone());
-        let stop = stop.clone();
-        async move {
-            let last = page.next.is_none();
-            on_page(page, pages.load(Ordering::SeqCst)).await?;
-            pages.fetch_add(1, Ordering::SeqCst);
-            // After a stop the last page may have committed only its written
-            // part: the unit is through only if the checkpoint says so, and
-            // a stopped unit is released either way.
-            finished.store(last && !stop.is_cancelled(), Ordering::SeqCst);
-            Ok(())
-        }
-    })
-    .await?;
-    Ok(done.load(Ordering::SeqCst))
-}
+use crate::aws::Clients;
+use crate::aws::control::Cond;
+use crate::aws::export::{DataFile, ExportReader};
+use crate::aws::rate::Control;
+use crate::aws::scan::Page;
+use crate::core::plan::Plan;
+use crate::core::value::Item;
+use crate::phase::backfill::ledger::{PageEnd, Resume, skip_counted};
+use crate::phase::backfill::page::{MAX_SETTLED, Settled, transform_page};
+use crate::phase::backfill::writer::Writer;
+use crate::phase::fleet::{LeaseLost, Shared, UnitScan, scan_unit};
+use crate::state::claims::{Claim, Owners};
+use crate::state::fleet::{Checkpoint, Counters, FleetError, Lease, Unit};
+use crate::state::rejects::RejectsFile;
 
 /// What every unit of a worker shares.
 pub(super) struct UnitDrive {
@@ -119,9 +54,16 @@ pub(super) enum Reads {
     },
     /// Unit n is a data file of the export, read `lines` lines a page.
     Export {
-        files: Arc<super::export::ExportFiles>,
+        files: Arc<ExportFiles>,
         lines: usize,
     },
+}
+
+/// The export a worker's units read, opened once (`export::join`).
+pub(crate) struct ExportFiles {
+    pub(super) reader: ExportReader,
+    /// Each unit's data file.
+    pub(super) files: HashMap<u32, DataFile>,
 }
 
 /// A page as read, on its way to its commit: its items, the records that
@@ -142,41 +84,16 @@ pub(super) struct PageRead {
 /// How a page's checkpoint follows from what settled (see [`PageRead`]).
 pub(super) type EndOfPage = Box<dyn FnOnce(Option<Vec<String>>) -> Option<Checkpoint> + Send>;
 
-impl Drive for UnitDrive {
-    fn run(
-        self: Arc<Self>,
-        unit: Unit,
-        l: Lease,
-        stop: CancellationToken,
-    ) -> futures::future::BoxFuture<'static, anyhow::Result<bool>> {
-        Box::pin(self.run_unit(unit, l, stop))
-    }
-    fn scanned(&self) -> futures::future::BoxFuture<'_, u64> {
-        Box::pin(async { self.this.lock().await.scanned })
-    }
-    fn all_done(&self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async { Ok(self.shared.fleet.mark_done().await?) })
-    }
-}
-
 impl UnitDrive {
-    /// [`Drive::run`]: the unit's pages from its checkpoint.
-    async fn run_unit(
+    /// [`Drive::run`] for a Scan segment's unit: its pages from its checkpoint.
+    pub(super) async fn run_segment(
         self: Arc<Self>,
+        segments: u32,
+        page_limit: Option<i32>,
         unit: Unit,
         l: Lease,
         stop: CancellationToken,
     ) -> anyhow::Result<bool> {
-        let (segments, page_limit) = match &self.reads {
-            Reads::Scan {
-                segments,
-                page_limit,
-            } => (*segments, *page_limit),
-            Reads::Export { files, lines } => {
-                let (files, lines) = (files.clone(), *lines);
-                return self.run_file(&files, lines, unit, l, stop).await;
-            }
-        };
         let carried = match &unit.checkpoint {
             Checkpoint::Partial { done, .. } => done.iter().cloned().collect(),
             _ => BTreeSet::new(),

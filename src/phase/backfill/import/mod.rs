@@ -22,17 +22,25 @@
 //! answers with the same import for 8 hours).
 
 use std::collections::HashMap;
-use std::sync::Mutex as SyncMutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as SyncMutex};
 
-use super::*;
-use crate::aws::AwsError;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
 use crate::aws::export::ExportLocation;
-use crate::aws::import as s3import;
-use crate::core::import::{
-    self as objects, Estimate, MAX_OBJECTS, ObjectBuilder, import_refusal, object_key,
-};
+use crate::aws::rate::Control;
+use crate::aws::{AwsError, Clients, TableInfo, import as s3import};
+use crate::core::import as objects;
+use crate::core::import::{Estimate, MAX_OBJECTS, ObjectBuilder, import_refusal, object_key};
+use crate::core::plan::{Mode, Plan};
+use crate::core::value::{Item, item_size};
+use crate::phase::error::InputError;
 use crate::state::snapshot::ImportProgress;
+use crate::state::{BackfillStage, StateStore};
+
+use super::ledger::{Ledger, PageDone};
+use super::{BackfillOptions, Counters, Keys};
 
 mod table;
 
@@ -507,6 +515,8 @@ mod tests {
     use crate::aws::StreamInfo;
     use crate::core::plan::{KeyAttr, KeySchema};
     use crate::core::value::ScalarType;
+    use crate::state::StateDir;
+    use tokio_util::sync::CancellationToken;
 
     fn options(dir: &std::path::Path, tail_in_process: bool) -> BackfillOptions {
         let state_dir = StateDir::new(dir);

@@ -3,8 +3,26 @@
 //! DynamoDB answers), then DescribeImport until the import ends, shown on
 //! the progress display and in `backfill.json`.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
 use crate::aws::import::{ImportFailed, ImportInfo, ImportSpec, ImportStatus};
+use crate::aws::{AwsError, import as s3import};
+use crate::core::import::MAX_OBJECTS;
+use crate::core::plan::Plan;
+use crate::phase::backfill::Counters;
+use crate::phase::backfill::ledger::Ledger;
+use crate::phase::backfill::status::{Ending, snapshot};
+use crate::phase::error::InputError;
+use crate::phase::progress::Progress;
+use crate::state::StateDir;
+use crate::state::snapshot::{BackfillStatus, ImportProgress};
+
+use super::{ImportSink, JOB_KEY, lock};
 
 /// The first DescribeImport comes this long after ImportTable, later ones
 /// every [`POLL`]: an import takes minutes at least.
