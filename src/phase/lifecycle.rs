@@ -270,12 +270,11 @@ pub async fn run(
             tailed.and(reversed)
         }
         other => {
+            // Stop both tails cleanly: each publishes that it stopped.
+            tail_stop.cancel();
             if !tail_over {
-                // Stop the tail cleanly: it publishes that it stopped.
-                tail_stop.cancel();
                 let _ = tail_task.await;
             }
-            tail_stop.cancel();
             let _ = reverse_task.await;
             other
         }
