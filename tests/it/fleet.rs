@@ -597,7 +597,7 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
         plan,
         plan_path,
         ..
-    } = Orders::start(seed(2000)).await;
+    } = Orders::start_local(seed(2000)).await;
     let (fleet, url, _) = control_table(&env, "rebal");
     let plan_s = plan_path.to_str().unwrap();
     let segments = SEGMENTS.to_string();
@@ -625,7 +625,24 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
             && has_committed(s, "a")
     })
     .await;
+    // The writes are held (`a` waits in BatchWriteItem) until `a` has seen
+    // `b` alive — its heartbeat halves its rate share — so that `a` cannot
+    // finish every unit while `b` is still starting on a loaded machine (it
+    // did: 2,000 items at 100 WCU/s are 20 s of work).
+    let proxy = env.proxy();
+    proxy.hold("BatchWriteItem");
+    poll_until("a to wait in a held write", Duration::from_secs(180), || {
+        proxy.stats().held > 0
+    })
+    .await;
     let b = start("b");
+    wait_for(&fleet, "b alive, and a's share halved by its heartbeat", |s| {
+        let w = |id: &str| s.workers.iter().find(|w| w.id == id);
+        w("b").is_some_and(|b| b.state == "running")
+            && w("a").is_some_and(|a| a.write_rate > 0.0 && a.write_rate <= 50.0)
+    })
+    .await;
+    proxy.release();
     let (out_a, out_b) = tokio::join!(wait_output(a), wait_output(b));
     for (id, out) in [("a", &out_a), ("b", &out_b)] {
         assert!(out.status.success(), "{id}: {}", stderr(out));

@@ -754,3 +754,51 @@ async fn raw_post(endpoint: &str, op: &str, body: &str) -> String {
     .await
     .unwrap()
 }
+
+/// `hold` keeps one action's requests waiting (and counts them) while the
+/// others pass; `release` lets them through: a test's barrier on a client.
+#[tokio::test]
+async fn a_held_action_waits_until_released_and_other_actions_pass() {
+    let local = local().await;
+    let direct = client(local.endpoint()).await;
+    create_table(&direct, "held", false).await;
+    let proxy = Proxy::start(options(local.endpoint()).await).await.unwrap();
+    let c = client(&proxy.endpoint()).await;
+    proxy.hold("PutItem");
+    let put = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.put_item()
+                .table_name("held")
+                .item("PK", s("k"))
+                .send()
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))
+        }
+    });
+    crate::support::poll_until("the put to be held", Duration::from_secs(60), || {
+        proxy.stats().held == 1
+    })
+    .await;
+    // Held: not written, while another action passes.
+    let got = c
+        .get_item()
+        .table_name("held")
+        .key("PK", s("k"))
+        .send()
+        .await
+        .unwrap();
+    assert!(got.item().is_none());
+    proxy.release();
+    put.await.unwrap().unwrap();
+    assert_eq!(proxy.stats().held, 0);
+    let got = direct
+        .get_item()
+        .table_name("held")
+        .key("PK", s("k"))
+        .send()
+        .await
+        .unwrap();
+    assert!(got.item().is_some());
+}

@@ -136,6 +136,8 @@ pub struct ProxyStats {
     /// throttled ones included: a measure of the client's pacing. What is
     /// admitted never exceeds rate × (1 + burst_seconds) in a window.
     pub max_key_write_units_per_sec: f64,
+    /// Requests waiting now behind [`Proxy::hold`].
+    pub held: u64,
     /// WCU admitted per table.
     pub per_table_write_units: BTreeMap<String, f64>,
 }
@@ -183,6 +185,7 @@ impl Proxy {
             rng: AtomicU64::new(opts.faults.seed),
             faults: opts.faults,
             schemas: Mutex::new(HashMap::new()),
+            hold: tokio::sync::watch::Sender::new(None),
             state: Mutex::new(State {
                 limiter: Limiter::new(Limits {
                     key_write: opts.key_write_units,
@@ -263,6 +266,18 @@ impl Proxy {
             .unwrap_or_default()
     }
 
+    /// Holds every request for `action` (e.g. `BatchWriteItem`) until
+    /// [`Proxy::release`]: a test's barrier on a client's progress, which it
+    /// sees taken in [`ProxyStats::held`]. Other actions pass.
+    pub fn hold(&self, action: &str) {
+        self.shared.hold.send_replace(Some(action.to_string()));
+    }
+
+    /// Lets the held requests and every later one through.
+    pub fn release(&self) {
+        self.shared.hold.send_replace(None);
+    }
+
     /// Changes the write limits while running; buckets keep their tokens
     /// (capped to the new capacity).
     pub fn set_limits(&self, key_write_units: f64, table_write_units: Option<f64>) {
@@ -311,6 +326,8 @@ struct Shared {
     /// Table name → its key attributes.
     schemas: Mutex<HashMap<String, Schema>>,
     state: Mutex<State>,
+    /// The action held back ([`Proxy::hold`]), if any.
+    hold: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// What the proxy needs of a table's key schema.
@@ -384,6 +401,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         .and_then(|t| t.strip_prefix(TARGET_PREFIX))
         .unwrap_or_default()
         .to_string();
+    shared.wait_if_held(&op).await;
     let request = serde_json::from_slice::<Json>(&body)
         .ok()
         .filter(Json::is_object);
@@ -451,6 +469,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits while `op` is the action held ([`Proxy::hold`]).
+    async fn wait_if_held(&self, op: &str) {
+        let mut rx = self.hold.subscribe();
+        if rx.borrow().as_deref() != Some(op) {
+            return;
+        }
+        self.state().stats.held += 1;
+        let _ = rx.wait_for(|h| h.as_deref() != Some(op)).await;
+        self.state().stats.held -= 1;
     }
 
     async fn plan(&self, op: &str, req: &Json) -> Plan {
