@@ -174,7 +174,7 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
         target,
         state,
         ..
-    } = Orders::start(seed(2000)).await;
+    } = Orders::start(seed(1000)).await;
     let (plan_path, plan) = fleet_plan(&source, &target).write(&env);
     let pairs = split_pairs(3, SEGMENTS);
     let mut extra: Vec<Item> = pairs
@@ -210,7 +210,7 @@ async fn four_workers_two_killed_two_started_under_a_live_writer_converge_exactl
             &[&extra[..], &["--rejects", r.to_str().unwrap()]].concat(),
         )
     };
-    let app = writer(&env, source.clone(), 2000, 1500, Rng::from_time().next());
+    let app = writer(&env, source.clone(), 1000, 1000, Rng::from_time().next());
     let fleet_run = async {
         let mut w: BTreeMap<&str, Child> = ["w1", "w2", "w3", "w4"]
             .into_iter()
