@@ -631,16 +631,22 @@ async fn a_worker_alone_hands_units_back_when_a_second_joins() {
     // did: 2,000 items at 100 WCU/s are 20 s of work).
     let proxy = env.proxy();
     proxy.hold("BatchWriteItem");
-    poll_until("a to wait in a held write", Duration::from_secs(180), || {
-        proxy.stats().held > 0
-    })
+    poll_until(
+        "a to wait in a held write",
+        Duration::from_secs(180),
+        || proxy.stats().held > 0,
+    )
     .await;
     let b = start("b");
-    wait_for(&fleet, "b alive, and a's share halved by its heartbeat", |s| {
-        let w = |id: &str| s.workers.iter().find(|w| w.id == id);
-        w("b").is_some_and(|b| b.state == "running")
-            && w("a").is_some_and(|a| a.write_rate > 0.0 && a.write_rate <= 50.0)
-    })
+    wait_for(
+        &fleet,
+        "b alive, and a's share halved by its heartbeat",
+        |s| {
+            let w = |id: &str| s.workers.iter().find(|w| w.id == id);
+            w("b").is_some_and(|b| b.state == "running")
+                && w("a").is_some_and(|a| a.write_rate > 0.0 && a.write_rate <= 50.0)
+        },
+    )
     .await;
     proxy.release();
     let (out_a, out_b) = tokio::join!(wait_output(a), wait_output(b));
