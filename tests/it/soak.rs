@@ -150,6 +150,8 @@ struct World {
     /// `run`'s log, outside the trial's directory: a failed trial leaves it
     /// behind (its path is in the failure), a passed one removes it.
     log: std::path::PathBuf,
+    seed: u64,
+    started: Instant,
 }
 
 /// Ids the application writes: some beyond the seed, so some are new.
@@ -181,8 +183,11 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
         w.kill_run_during(&mut run, rng, 2)
     );
     r?;
+    w.step("the source application done");
     w.until_ready(&mut run).await?;
+    w.step("ready for cutover");
     w.switch("cutover", rng).await?;
+    w.step("cut over");
     w.check("after the cutover").await?;
 
     // 2. The application moves to the target; run's reverse tail carries it
@@ -194,6 +199,7 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
         w.kill_run_during(&mut run, rng, 1)
     );
     r?;
+    w.step("the target application done");
     if let Err(e) = w.verify(&["--reverse", "--show-keys"]) {
         // Which side is wrong, by the application's own record.
         let by_record = w.check("by the application's record").await.err();
@@ -202,8 +208,10 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
             by_record.unwrap_or("both tables match the application's record".into())
         ));
     }
+    w.step("verified backwards");
     w.check("before the rollback").await?;
     w.switch("rollback", rng).await?;
+    w.step("rolled back");
     w.check("after the rollback").await?;
 
     // 3. Back on the source, then cut over again.
@@ -213,8 +221,11 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
         w.kill_run_during(&mut run, rng, 1)
     );
     r?;
+    w.step("the source application done");
     w.verify(&[])?;
+    w.step("verified");
     w.switch("cutover", rng).await?;
+    w.step("cut over again");
     w.check("after the second cutover").await?;
 
     // 4. finish ends both tails.
@@ -238,6 +249,7 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
     if !status.success() {
         return Err(format!("run after finish: {status}: {}", w.run_log()));
     }
+    w.step("finished");
     w.check("at the end").await?;
     for table in [&w.source, &w.target] {
         let left = w
@@ -336,7 +348,15 @@ impl World {
             model: Mutex::new(model),
             next_v: std::sync::atomic::AtomicU64::new(1_000_000),
             log,
+            seed,
+            started: Instant::now(),
         })
+    }
+
+    /// Where the trial is, and when: a slow trial shows which step took the time.
+    fn step(&self, what: &str) {
+        let secs = self.started.elapsed().as_secs_f64();
+        eprintln!("soak seed {}: {secs:6.1} s {what}", self.seed);
     }
 
     fn command(&self, args: &[&str]) -> std::process::Command {
