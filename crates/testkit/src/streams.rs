@@ -143,6 +143,10 @@ struct Feed {
     arn: String,
     /// The local server's iterator (they never expire there).
     upstream_iterator: Option<String>,
+    /// When the last sync that completed began: a caller that asked before
+    /// then has every record it needs, and need not ask the local server
+    /// again ([`Shared::sync`]).
+    synced_from: Option<Instant>,
 }
 
 /// A REMOVE record to tag as a TTL deletion when the pump sees it.
@@ -286,7 +290,7 @@ impl StreamsFront {
     pub async fn sync(&self) -> anyhow::Result<()> {
         let feeds: Vec<_> = self.shared.feeds.lock().await.values().cloned().collect();
         for feed in feeds {
-            self.shared.sync(&feed).await?;
+            self.shared.sync(&feed, Instant::now()).await?;
         }
         Ok(())
     }
@@ -325,7 +329,7 @@ async fn pump(shared: Arc<Shared>, every: Duration) {
         ticker.tick().await;
         let feeds: Vec<_> = shared.feeds.lock().await.values().cloned().collect();
         for feed in feeds {
-            if let Err(e) = shared.sync(&feed).await {
+            if let Err(e) = shared.sync(&feed, Instant::now()).await {
                 eprintln!("stream front: pump: {e:#}");
             }
         }
@@ -397,10 +401,11 @@ impl Shared {
         let feed = Arc::new(tokio::sync::Mutex::new(Feed {
             arn: arn.to_string(),
             upstream_iterator: None,
+            synced_from: None,
         }));
         feeds.insert(arn.to_string(), Arc::clone(&feed));
         drop(feeds);
-        self.sync(&feed).await.map_err(|e| {
+        self.sync(&feed, Instant::now()).await.map_err(|e| {
             (
                 StatusCode::BAD_GATEWAY,
                 json!({"message": format!("{e:#}")}),
@@ -408,9 +413,17 @@ impl Shared {
         })
     }
 
-    /// Takes every record the local server has past the feed's position.
-    async fn sync(&self, feed: &tokio::sync::Mutex<Feed>) -> anyhow::Result<()> {
+    /// Takes every record the local server had past the feed's position at
+    /// `asked`, at the latest. Calls at once share one sync: a caller that
+    /// waited for the lock while another's sync ran, which began after it
+    /// asked, has what it needs (16 GetRecords at once were 16 sync calls one
+    /// after another, seconds per turn of a reader over many shards).
+    async fn sync(&self, feed: &tokio::sync::Mutex<Feed>, asked: Instant) -> anyhow::Result<()> {
         let mut feed = feed.lock().await;
+        if feed.synced_from.is_some_and(|from| from >= asked) {
+            return Ok(());
+        }
+        let began = Instant::now();
         let iterator = match feed.upstream_iterator.take() {
             Some(it) => it,
             None => self.first_iterator(&feed.arn).await?,
@@ -449,6 +462,7 @@ impl Shared {
             }
             if records.len() < UPSTREAM_PAGE {
                 feed.upstream_iterator = Some(next);
+                feed.synced_from = Some(began);
             } else {
                 iterator = Some(next);
             }
@@ -560,7 +574,9 @@ impl Shared {
     async fn sync_arn(&self, arn: &str) -> Result<(), Answer> {
         let feed = self.feeds.lock().await.get(arn).cloned();
         if let Some(feed) = feed {
-            self.sync(&feed).await.map_err(Answer::upstream)?;
+            self.sync(&feed, Instant::now())
+                .await
+                .map_err(Answer::upstream)?;
         }
         Ok(())
     }

@@ -576,3 +576,67 @@ async fn iterators_expire_records_trim_and_shards_roll_over_on_the_fronts_clock(
     );
     assert!(front.stats().rollovers >= 1);
 }
+
+/// Readers that ask at once share the front's sync with the local server
+/// (one sync per caller made a turn over many shards seconds long), and
+/// still each see every write acknowledged before it asked.
+#[tokio::test]
+async fn concurrent_readers_each_see_every_write_acknowledged_before_they_asked() {
+    let (server, db, arn) = setup().await;
+    let front = must(
+        StreamsFront::start(StreamsOptions {
+            upstream: server.endpoint().to_string(),
+            // Only the readers' own calls sync: the pump stays out of the way.
+            pump_interval: Duration::from_secs(3600),
+            ..StreamsOptions::default()
+        })
+        .await,
+        "start the front",
+    );
+    let streams = StreamsClient::new(&sdk_config(&front.endpoint()).await);
+    let desc = ok(
+        streams.describe_stream().stream_arn(&arn).send().await,
+        "DescribeStream",
+    );
+    let shard = desc.stream_description().unwrap().shards()[0]
+        .shard_id()
+        .unwrap()
+        .to_string();
+    let mut iterators = Vec::new();
+    for _ in 0..16 {
+        let it = streams
+            .get_shard_iterator()
+            .stream_arn(&arn)
+            .shard_id(&shard)
+            .shard_iterator_type(ShardIteratorType::Latest)
+            .send()
+            .await;
+        iterators.push(
+            ok(it, "GetShardIterator")
+                .shard_iterator()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for round in 0..5 {
+        put(&db, round, round).await;
+        let asked: Vec<_> = (iterators.iter())
+            .map(|it| tokio::spawn(streams.get_records().shard_iterator(it).limit(1000).send()))
+            .collect();
+        let mut pages = Vec::new();
+        for a in asked {
+            pages.push(a.await.expect("a reader"));
+        }
+        iterators.clear();
+        for (reader, page) in pages.into_iter().enumerate() {
+            let page = ok(page, "GetRecords");
+            let got: Vec<Write> = page.records().iter().map(write_of).collect();
+            assert_eq!(
+                got.iter().map(|w| (w.1.clone(), w.3)).collect::<Vec<_>>(),
+                vec![(pk(round), round)],
+                "reader {reader}, round {round}"
+            );
+            iterators.push(page.next_shard_iterator().unwrap().to_string());
+        }
+    }
+}
