@@ -31,6 +31,16 @@ pub(crate) fn sibling(case: &Path, from: &str, suffix: &str) -> PathBuf {
     case.with_file_name(format!("{stem}{suffix}"))
 }
 
+/// Expected files in `dir` (ending with `expected`) whose case (ending with
+/// `case`) is gone: a renamed or deleted case leaves one, checked by nothing.
+pub(crate) fn strays(dir: &Path, case: &str, expected: &str) -> Vec<String> {
+    cases(dir, expected)
+        .into_iter()
+        .filter(|e| !sibling(e, expected, case).exists())
+        .map(|e| format!("{}: no case `…{case}` beside it", e.display()))
+        .collect()
+}
+
 fn blessing() -> bool {
     std::env::var_os("REKEY_BLESS").is_some_and(|v| v == "1")
 }
@@ -74,7 +84,7 @@ pub(crate) fn finish(what: &str, checked: usize, at_least: usize, failures: &[St
     );
     assert!(
         failures.is_empty(),
-        "{what}: {} of {checked} cases differ (REKEY_BLESS=1 rewrites the expected files; read the diff):\n\n{}",
+        "{what}: {} problems in {checked} cases (REKEY_BLESS=1 rewrites the expected files; read the diff):\n\n{}",
         failures.len(),
         failures.join("\n\n")
     );

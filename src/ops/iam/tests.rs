@@ -220,7 +220,7 @@ fn fixtures_each_command_and_option_gets_exactly_its_policy() {
         .chain(IMPORT_ON_BEHALF.iter().copied())
         .collect();
     let cases = fixture::cases(&fixture::dir("iam"), ".toml");
-    let mut failures = Vec::new();
+    let mut failures = fixture::strays(&fixture::dir("iam"), ".toml", ".json");
     for case in &cases {
         let (plan, opts) = fixture_case(case);
         let p = policy(&plan, &opts);

@@ -234,7 +234,22 @@ fn fixtures_each_plans_reversibility_per_rule_with_reasons_and_fixes() {
         );
         pairs.push((plan, expected));
     }
-    let mut failures = Vec::new();
+    let mut failures =
+        fixture::strays(&fixture::dir("inverse/reversibility"), ".toml", ".expected");
+    failures.extend(
+        fixture::strays(&fixture::dir("inverse/example-plans"), ".toml", ".expected")
+            .into_iter()
+            .filter(|s| {
+                // An example plan's expected file names a plan in `plans/`.
+                let name = s.split(':').next().unwrap_or_default();
+                let stem = Path::new(name)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace(".expected", ".toml");
+                !examples.join(stem).exists()
+            }),
+    );
     for (case, expected) in &pairs {
         let plan = Plan::load(case).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
         failures.extend(fixture::compare(expected, &reversibility_report(&plan)));
@@ -260,8 +275,10 @@ fn outcome_text(o: &InverseOutcome) -> String {
 /// `<case>.item.json` (a target item, DynamoDB JSON) → `<case>.expected`.
 #[test]
 fn fixtures_each_reverse_reject_says_why() {
-    let cases = fixture::cases(&fixture::dir("inverse/rejects"), ".toml");
-    let mut failures = Vec::new();
+    let dir = fixture::dir("inverse/rejects");
+    let cases = fixture::cases(&dir, ".toml");
+    let mut failures = fixture::strays(&dir, ".toml", ".expected");
+    failures.extend(fixture::strays(&dir, ".toml", ".item.json"));
     for case in &cases {
         let plan = Plan::load(case).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
         let item_file = fixture::sibling(case, ".toml", ".item.json");
