@@ -6,6 +6,8 @@
 //! Architecture invariant: `core` imports only `core` (tests/architecture.rs).
 
 pub mod bucket;
+#[cfg(test)]
+pub(crate) mod fixture;
 pub mod hash;
 pub mod import;
 pub mod inverse;

@@ -5,7 +5,7 @@
 //! pagination, conditional writes, Streams or signing. `scripts/install-deps`
 //! installs a pinned `moto[server]` into `<repo>/.tools/venv`. moto keeps
 //! everything in memory, accepts any credentials and region, and is not
-//! DynamoDB: ARCHITECTURE.md ("Test backend") lists where it differs and
+//! DynamoDB: docs/test-backend.md lists where it differs and
 //! what gives the tests DynamoDB's behaviour there (the throttling proxy for
 //! capacity per item, the multi-shard stream double for shard lineage). One
 //! difference is fixed here, for everyone: moto handles requests on parallel

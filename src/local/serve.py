@@ -37,7 +37,7 @@ rekey starts this with the interpreter of the `moto_server` it found:
   and the writes follow only if all pass, so nothing is rolled back; any
   other transaction takes moto's own path (see `_transact_write_items_cheap`).
 
-ARCHITECTURE.md ("Test backend") lists every difference found between moto and
+docs/test-backend.md lists every difference found between moto and
 DynamoDB and what covers it.
 """
 

@@ -5,7 +5,7 @@
 //! target key K, move away just before the orphan pass reads it, and move back
 //! before K is re-checked — the pass saw nothing map to K, yet K is the item's
 //! rightful copy. Every such move is a stream record whose new image maps to K,
-//! so a watch started before the pass sees it (ARCHITECTURE.md, "Orphans
+//! so a watch started before the pass sees it (docs/verify.md, "Orphans
 //! without the prefix"). And two equal reads of an item do not prove it was not
 //! written in between (A→B→A); a count of its stream records does.
 //!

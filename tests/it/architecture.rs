@@ -662,3 +662,306 @@ fn architecture_invariant_the_shipped_binary_carries_no_test_machinery() {
         .unwrap();
     assert!(dev.contains_key("rekey-testkit"), "tests use the testkit");
 }
+
+// ARCHITECTURE.md itself: a map that stays short, names checks that exist,
+// and links to files and headings that exist.
+
+fn repo_file(rel: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// ARCHITECTURE.md is a map: a design that needs more room goes to `docs/`
+/// and is linked from it.
+#[test]
+fn architecture_md_is_at_most_400_lines() {
+    let lines = repo_file("ARCHITECTURE.md").lines().count();
+    assert!(
+        lines <= 400,
+        "ARCHITECTURE.md has {lines} lines (at most 400): move a design to docs/ and link it"
+    );
+}
+
+/// The tests a document names as checks: every backticked `a::b::test_name`
+/// after "Checked by", up to the end of that sentence (a `.` outside
+/// backticks), with the line it starts on.
+fn named_checks(md: &str) -> Vec<(usize, String)> {
+    const MARK: &str = "Checked by";
+    let mut out = Vec::new();
+    for (at, _) in md.match_indices(MARK) {
+        let line = md[..at].matches('\n').count() + 1;
+        let rest = &md[at + MARK.len()..];
+        let mut in_code = false;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| {
+                if c == '`' {
+                    in_code = !in_code;
+                }
+                c == '.' && !in_code
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        let names: Vec<String> = rest[..end]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        if names.is_empty() {
+            out.push((line, String::new())); // a "Checked by" that names nothing
+        }
+        out.extend(names.into_iter().map(|n| (line, n)));
+    }
+    out
+}
+
+/// Every `.rs` file under `src/`, `tests/` and `crates/`, as (path
+/// components without `.rs`, text).
+fn rust_files() -> Vec<(Vec<String>, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = ["src", "tests", "crates"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let parts = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .iter()
+                    .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+                    .collect();
+                out.push((parts, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// `a::b::name` resolves when a file whose path holds `a` then `b` (in
+/// order, not necessarily adjacent: `backfill::x` is `tests/it/backfill.rs`,
+/// `ops::iam::tests::x` is `src/ops/iam/tests.rs`) defines `fn name`.
+fn resolves(check: &str, files: &[(Vec<String>, String)]) -> bool {
+    let segs: Vec<&str> = check.split("::").collect();
+    let Some((name, modules)) = segs.split_last() else {
+        return false;
+    };
+    let is_ident =
+        |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_');
+    if modules.is_empty() || !segs.iter().all(|s| is_ident(s)) {
+        return false;
+    }
+    files.iter().any(|(parts, text)| {
+        let mut want = modules.iter().peekable();
+        for p in parts {
+            if want.peek().is_some_and(|m| *m == p) {
+                want.next();
+            }
+        }
+        want.peek().is_none()
+            && text.match_indices(&format!("fn {name}")).any(|(i, m)| {
+                !text[i + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            })
+    })
+}
+
+#[test]
+fn every_check_architecture_md_names_is_a_test_that_exists() {
+    let md = repo_file("ARCHITECTURE.md");
+    let checks = named_checks(&md);
+    assert!(
+        checks.len() >= 20,
+        "ARCHITECTURE.md names its checks: {checks:?}"
+    );
+    let files = rust_files();
+    let bad: Vec<String> = checks
+        .iter()
+        .filter(|(_, c)| !resolves(c, &files))
+        .map(|(line, c)| format!("ARCHITECTURE.md:{line}: `{c}`"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "checks named after \"Checked by\" that are no `module::fn` in src/, tests/ or crates/:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_check_reader_takes_backticked_paths_to_the_sentences_end_and_resolves_them() {
+    let md = "- **No x.** Text `not_this::one`. Checked by `a::b_c` and\n  `d::e`. Then `f::g`.\n\
+              - Checked by nothing.\n";
+    assert_eq!(
+        named_checks(md),
+        [
+            (1, "a::b_c".to_string()),
+            (1, "d::e".to_string()),
+            (3, String::new())
+        ]
+    );
+    let files = vec![(
+        vec!["tests".to_string(), "it".to_string(), "tail".to_string()],
+        "#[test]\nfn drains_all() {}\nfn drains_all_twice() {}\n".to_string(),
+    )];
+    assert!(resolves("tail::drains_all", &files));
+    assert!(resolves("it::tail::drains_all_twice", &files));
+    assert!(
+        !resolves("tail::drains", &files),
+        "a prefix of a name is not the name"
+    );
+    assert!(!resolves("lineage::drains_all", &files), "another module");
+    assert!(!resolves("drains_all", &files), "no module");
+    assert!(!resolves("", &files));
+}
+
+/// GitHub's anchor for a heading: lower case, only letters, digits, spaces,
+/// `-` and `_` kept, spaces as `-`; a repeated heading gets `-1`, `-2`, ….
+fn heading_anchors(md: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for line in outside_code_blocks(md).into_iter().map(|(_, l)| l) {
+        let Some(text) = line.strip_prefix('#') else {
+            continue;
+        };
+        let text = text.trim_start_matches('#');
+        if !text.starts_with(' ') {
+            continue;
+        }
+        let slug: String = text
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let n = seen.entry(slug.clone()).or_default();
+        out.insert(if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// (line number, line) of the lines outside fenced code blocks.
+fn outside_code_blocks(md: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for (n, line) in md.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push((n + 1, line));
+        }
+    }
+    out
+}
+
+/// The `[text](target)` links of a document, with their line: not in code
+/// blocks, not in code spans.
+fn markdown_links(md: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in outside_code_blocks(md) {
+        // Code spans blanked, a link's text may hold one: [`x`](y).
+        let text: String = line
+            .split('`')
+            .enumerate()
+            .map(|(k, part)| if k % 2 == 0 { part } else { "" })
+            .collect::<Vec<_>>()
+            .join("");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push((n, after[..end].trim().to_string()));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// A relative link's problem, if any: no such file, or no such heading.
+fn broken_link(from: &Path, target: &str) -> Option<String> {
+    if target.contains("://") || target.starts_with("mailto:") {
+        return None;
+    }
+    let (file, anchor) = match target.split_once('#') {
+        Some((f, a)) => (f, Some(a)),
+        None => (target, None),
+    };
+    let path = if file.is_empty() {
+        from.to_path_buf()
+    } else {
+        from.parent().unwrap().join(file)
+    };
+    if !path.exists() {
+        return Some(format!("no file {}", path.display()));
+    }
+    let anchor = anchor?;
+    if path.extension().is_none_or(|e| e != "md") {
+        return None;
+    }
+    let anchors = heading_anchors(&std::fs::read_to_string(&path).unwrap());
+    (!anchors.contains(anchor)).then(|| format!("no heading `#{anchor}` in {}", rel(&path)))
+}
+
+#[test]
+fn every_relative_markdown_link_resolves_to_a_file_and_heading() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs: Vec<PathBuf> = vec![root.join("ARCHITECTURE.md"), root.join("README.md")];
+    let mut in_docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    in_docs.sort();
+    docs.extend(in_docs);
+    let mut bad = Vec::new();
+    let mut count = 0;
+    for doc in &docs {
+        let md = std::fs::read_to_string(doc).unwrap();
+        for (line, target) in markdown_links(&md) {
+            count += 1;
+            if let Some(why) = broken_link(doc, &target) {
+                bad.push(format!("{}:{line}: ({target}): {why}", rel(doc)));
+            }
+        }
+    }
+    assert!(count >= 10, "the documents link each other ({count} links)");
+    assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn anchors_follow_githubs_heading_rule_and_links_skip_code() {
+    let md = "# Top\n## Drain barriers, `applied_through` and markers\n## The fleet's tail: shards\n\
+              ```\n# not a heading [x](nowhere.md)\n```\n## Top\n\
+              See [`a`](b.md#c) and `[no](link.md)` and [d](https://x.y/z).\n";
+    let anchors: Vec<String> = heading_anchors(md).into_iter().collect();
+    assert_eq!(
+        anchors,
+        [
+            "drain-barriers-applied_through-and-markers",
+            "the-fleets-tail-shards",
+            "top",
+            "top-1"
+        ]
+    );
+    assert_eq!(
+        markdown_links(md),
+        [(8, "b.md#c".to_string()), (8, "https://x.y/z".to_string())]
+    );
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
+    assert_eq!(broken_link(&here, "https://x.y/z"), None);
+    assert_eq!(broken_link(&here, "docs/fleet.md#how-it-works"), None);
+    assert!(broken_link(&here, "docs/fleet.md#no-such-heading").is_some());
+    assert!(broken_link(&here, "docs/no-such-file.md").is_some());
+    assert_eq!(broken_link(&here, "#invariants"), None);
+}

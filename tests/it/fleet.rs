@@ -34,7 +34,7 @@ fn fleet_plan(source: &str, target: &str) -> PlanText {
 }
 
 /// moto's Scan segment of a partition key: the first byte of its MD5, mod
-/// the segment count (ARCHITECTURE.md, "Test backend").
+/// the segment count (docs/test-backend.md).
 fn moto_segment(pk: &str, segments: u8) -> u8 {
     Md5::digest(pk.as_bytes())[0] % segments
 }

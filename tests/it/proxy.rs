@@ -652,8 +652,8 @@ async fn everything_passes_through_unchanged_below_the_limits() {
     assert_eq!(proxy.stats().write_units, 7.0);
 }
 
-/// What moto accepts and DynamoDB refuses (ARCHITECTURE.md, "Test
-/// backend"): each request is refused by strict validation with DynamoDB's
+/// What moto accepts and DynamoDB refuses (docs/test-backend.md, "Strict
+/// validation"): each request is refused by strict validation with DynamoDB's
 /// error, and a proxy whose refusals were not taken fails the test that
 /// sent them.
 #[tokio::test]

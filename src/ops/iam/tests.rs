@@ -1,10 +1,13 @@
-//! The policy's tests: what each command and option grants, and that the
-//! list of actions is the SDK calls of `src/aws`, both ways.
+//! The policy's tests: what each command and option grants — fixture files,
+//! `tests/fixtures/iam/<case>.toml` (a plan and options) → `<case>.json`
+//! (the whole policy) — and, as code, that the list of actions is the SDK
+//! calls of `src/aws`, both ways, and that no policy grants what is never called.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::*;
+use crate::core::fixture;
 
 fn plan(target: &str, body: &str) -> Plan {
     let src = format!(
@@ -43,207 +46,6 @@ fn by_resource(p: &Json) -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
         }
     }
     (m, sids)
-}
-
-fn set(v: &[&str]) -> BTreeSet<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
-#[test]
-fn a_rekey_plan_gets_read_on_the_source_and_write_on_the_target() {
-    let opts = PolicyOptions {
-        region: Some("eu-west-1".into()),
-        account: Some("123456789012".into()),
-        ..Default::default()
-    };
-    let (m, sids) = by_resource(&policy(&rekey(), &opts));
-    let src = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders";
-    let tgt = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders_v2";
-    assert_eq!(
-        m[src],
-        set(&[
-            "dynamodb:BatchGetItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:Scan"
-        ])
-    );
-    assert_eq!(
-        m[tgt],
-        set(&[
-            "dynamodb:BatchGetItem",
-            "dynamodb:BatchWriteItem",
-            "dynamodb:DeleteItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:PutItem",
-            "dynamodb:Scan"
-        ])
-    );
-    assert_eq!(
-        m[&format!("{src}/stream/*")],
-        set(&[
-            "dynamodb:DescribeStream",
-            "dynamodb:GetRecords",
-            "dynamodb:GetShardIterator"
-        ])
-    );
-    assert_eq!(
-        m[&format!("{src}?\"DrainBarrierMarker\"")],
-        set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
-    );
-    assert_eq!(m.len(), 4);
-    assert_eq!(
-        sids,
-        [
-            "SourceTable",
-            "TargetTable",
-            "SourceStream",
-            "DrainBarrierMarker"
-        ]
-    );
-}
-
-#[test]
-fn the_marker_statement_is_limited_to_rekey_leading_keys() {
-    let p = policy(&rekey(), &PolicyOptions::default());
-    let marker = p["Statement"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["Sid"] == sid::MARKER)
-        .unwrap();
-    assert_eq!(marker["Resource"], "arn:aws:dynamodb:*:*:table/orders");
-    assert_eq!(
-        marker["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"],
-        json!(["__rekey__#barrier#*"])
-    );
-}
-
-#[test]
-fn an_in_place_plan_merges_into_one_table_statement() {
-    let (m, sids) = by_resource(&policy(&in_place(), &PolicyOptions::default()));
-    let t = "arn:aws:dynamodb:*:*:table/orders";
-    assert_eq!(
-        m[t],
-        set(&[
-            "dynamodb:BatchGetItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:GetItem",
-            "dynamodb:Scan",
-            "dynamodb:UpdateItem"
-        ])
-    );
-    // In place, backfill and tail only update: no BatchWriteItem, and
-    // PutItem/DeleteItem only for the drain marker, limited to its keys.
-    assert_eq!(
-        sids,
-        ["SourceAndTargetTable", "SourceStream", "DrainBarrierMarker"]
-    );
-}
-
-#[test]
-fn tail_gets_only_what_the_tail_calls() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Tail],
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &opts));
-    let src = "arn:aws:dynamodb:*:*:table/orders";
-    assert_eq!(m[src], set(&["dynamodb:DescribeTable"]));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders_v2"],
-        set(&[
-            "dynamodb:BatchWriteItem",
-            "dynamodb:DeleteItem",
-            "dynamodb:PutItem"
-        ])
-    );
-    assert_eq!(
-        m[&format!("{src}/stream/*")],
-        set(&[
-            "dynamodb:DescribeStream",
-            "dynamodb:GetRecords",
-            "dynamodb:GetShardIterator"
-        ])
-    );
-    // Its probes: markers into the source, limited to the marker's keys.
-    assert_eq!(
-        m[&format!("{src}?\"DrainBarrierMarker\"")],
-        set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
-    );
-    assert_eq!(m.len(), 4);
-}
-
-#[test]
-fn query_gets_only_query_on_the_target() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Query],
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &opts));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders_v2"],
-        set(&["dynamodb:Query"])
-    );
-    assert_eq!(m.len(), 1);
-}
-
-#[test]
-fn a_backfill_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Backfill],
-        export: Some(ExportLocation::parse("s3://exports/orders/2026").unwrap()),
-        ..Default::default()
-    };
-    let p = policy(&rekey(), &opts);
-    let (m, _) = by_resource(&p);
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders"],
-        set(&["dynamodb:DescribeTable"])
-    );
-    assert_eq!(
-        m["arn:aws:s3:::exports/orders/2026/*"],
-        set(&["s3:GetObject"])
-    );
-    let list = &p["Statement"].as_array().unwrap().last().unwrap();
-    assert_eq!(list["Resource"], "arn:aws:s3:::exports");
-    assert_eq!(
-        list["Condition"]["StringLike"]["s3:prefix"],
-        json!(["orders/2026/*"])
-    );
-    // A local export needs no S3 permission and no Scan either.
-    let local = PolicyOptions {
-        export: Some(ExportLocation::parse("/tmp/export").unwrap()),
-        ..opts
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &local));
-    assert!(m.keys().all(|r| !r.contains(":s3:")));
-    assert!(!m["arn:aws:dynamodb:*:*:table/orders"].contains("dynamodb:Scan"));
-}
-
-#[test]
-fn a_worker_from_an_s3_export_reads_the_prefix_instead_of_scanning() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Worker],
-        export: Some(ExportLocation::parse("s3://exports/orders/2026").unwrap()),
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
-    };
-    let (m, sids) = by_resource(&policy(&rekey(), &opts));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders"],
-        set(&["dynamodb:DescribeTable"])
-    );
-    assert_eq!(
-        m["arn:aws:s3:::exports/orders/2026/*"],
-        set(&["s3:GetObject"])
-    );
-    let list = m
-        .iter()
-        .find(|(r, _)| r.starts_with("arn:aws:s3:::exports?"))
-        .map(|(_, a)| a);
-    assert_eq!(list, Some(&set(&["s3:ListBucket"])), "{m:?}");
-    assert!(sids.contains(&sid::CONTROL.to_string()), "{sids:?}");
-    assert!(m["arn:aws:dynamodb:*:*:table/rekey-control"].contains("dynamodb:CreateTable"));
 }
 
 #[test]
@@ -327,69 +129,6 @@ fn every_used_action_is_called_where_the_list_says() {
 }
 
 #[test]
-fn a_backfill_via_import_writes_objects_and_imports_instead_of_writing_items() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Backfill],
-        import: Some(ExportLocation::parse("s3://staging/orders").unwrap()),
-        region: Some("eu-west-1".into()),
-        account: Some("123456789012".into()),
-        ..Default::default()
-    };
-    let p = policy(&rekey(), &opts);
-    let (m, sids) = by_resource(&p);
-    let tgt = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders_v2";
-    assert_eq!(
-        m[tgt],
-        set(&["dynamodb:DescribeTable", "dynamodb:ImportTable"]),
-        "no item writes on the target"
-    );
-    assert_eq!(
-        m[&format!("{tgt}/import/*")],
-        set(&["dynamodb:DescribeImport"])
-    );
-    assert_eq!(
-        m["arn:aws:s3:::staging/orders/data/*"],
-        set(&["s3:DeleteObject", "s3:GetObject", "s3:PutObject"])
-    );
-    let list = p["Statement"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["Sid"] == sid::IMPORT_LIST)
-        .unwrap();
-    assert_eq!(list["Resource"], "arn:aws:s3:::staging");
-    assert_eq!(
-        list["Condition"]["StringLike"]["s3:prefix"],
-        json!(["orders/data/*"])
-    );
-    assert!(
-        m["arn:aws:logs:eu-west-1:123456789012:log-group:/aws-dynamodb/*"]
-            .contains("logs:PutLogEvents")
-    );
-    assert_eq!(
-        sids,
-        [
-            "SourceTable",
-            "TargetTable",
-            "ImportJob",
-            "ImportObjects",
-            "ListImportObjects",
-            "ImportLogs"
-        ]
-    );
-    // The tail still writes items into the imported table.
-    let tail = PolicyOptions {
-        commands: vec![PolicyCommand::Tail],
-        ..opts
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &tail));
-    assert!(
-        m.keys()
-            .all(|r| !r.contains(":s3:") && !r.contains("/import/"))
-    );
-}
-
-#[test]
 fn no_policy_grants_an_action_the_code_does_not_call() {
     let mut known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();
     assert_eq!(known.len(), ACTIONS_USED.len(), "an action is listed twice");
@@ -423,153 +162,88 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
     }
 }
 
-#[test]
-fn reverse_reads_the_targets_stream_and_writes_the_source_and_rollback_only_marks_the_target() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Reverse, PolicyCommand::Rollback],
-        ..Default::default()
-    };
-    let (m, sids) = by_resource(&policy(&rekey(), &opts));
-    let src = "arn:aws:dynamodb:*:*:table/orders";
-    let dst = "arn:aws:dynamodb:*:*:table/orders_v2";
-    assert_eq!(
-        m[src],
-        set(&[
-            "dynamodb:BatchWriteItem",
-            "dynamodb:DeleteItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:GetItem",
-            "dynamodb:PutItem",
-        ])
-    );
-    assert_eq!(m[dst], set(&["dynamodb:DescribeTable", "dynamodb:GetItem"]));
-    assert_eq!(
-        m[&format!("{dst}/stream/*")],
-        set(&[
-            "dynamodb:DescribeStream",
-            "dynamodb:GetRecords",
-            "dynamodb:GetShardIterator",
-        ])
-    );
-    assert_eq!(
-        m[&format!("{dst}?\"{}\"", sid::TARGET_MARKER)],
-        set(&["dynamodb:DeleteItem", "dynamodb:PutItem"])
-    );
-    assert!(!sids.contains(&sid::STREAM.to_string()), "{sids:?}");
+/// A fixture's command name, as `--command` spells it.
+fn command(name: &str) -> PolicyCommand {
+    match name {
+        "analyze" => PolicyCommand::Analyze,
+        "backfill" => PolicyCommand::Backfill,
+        "tail" => PolicyCommand::Tail,
+        "verify" => PolicyCommand::Verify,
+        "drain" => PolicyCommand::Drain,
+        "cutover" => PolicyCommand::Cutover,
+        "query" => PolicyCommand::Query,
+        "reverse" => PolicyCommand::Reverse,
+        "rollback" => PolicyCommand::Rollback,
+        "worker" => PolicyCommand::Worker,
+        other => panic!("unknown command `{other}`"),
+    }
 }
 
-#[test]
-fn a_worker_gets_the_backfills_calls_and_the_control_table_alone_may_be_created() {
+/// A fixture: `plan` ("rekey" or "in_place") and the policy's options.
+fn fixture_case(path: &Path) -> (Plan, PolicyOptions) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let t: toml::Table =
+        toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let s = |k: &str| t.get(k).map(|v| v.as_str().expect(k).to_string());
+    let plan = match s("plan").as_deref() {
+        Some("rekey") => rekey(),
+        Some("in_place") => in_place(),
+        other => panic!("{}: plan = {other:?}", path.display()),
+    };
+    let commands = t.get("commands").map_or_else(Vec::new, |c| {
+        c.as_array()
+            .expect("commands")
+            .iter()
+            .map(|n| command(n.as_str().expect("a command name")))
+            .collect()
+    });
+    let location = |k: &str| s(k).map(|l| ExportLocation::parse(&l).unwrap());
     let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Worker],
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
+        commands,
+        export: location("export"),
+        import: location("import"),
+        region: s("region"),
+        account: s("account"),
+        control_table: s("control_table"),
     };
-    let (m, sids) = by_resource(&policy(&rekey(), &opts));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders"],
-        set(&["dynamodb:DescribeTable", "dynamodb:Scan"])
-    );
-    // DeleteItem on the target and the control table, and the source's
-    // stream: for `--tail` (the fleet's tail; its applied buffer chunks are deleted).
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders_v2"],
-        set(&[
-            "dynamodb:BatchWriteItem",
-            "dynamodb:DeleteItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:PutItem"
-        ])
-    );
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&[
-            "dynamodb:CreateTable",
-            "dynamodb:DeleteItem",
-            "dynamodb:DescribeTable",
-            "dynamodb:GetItem",
-            "dynamodb:PutItem",
-            "dynamodb:Query",
-            "dynamodb:UpdateItem"
-        ])
-    );
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders/stream/*"],
-        set(&[
-            "dynamodb:DescribeStream",
-            "dynamodb:GetRecords",
-            "dynamodb:GetShardIterator",
-        ])
-    );
-    assert_eq!(m.len(), 4);
-    assert!(sids.contains(&sid::CONTROL.to_string()));
-    // Every action granted is one the code calls.
-    let known: BTreeSet<&str> = ACTIONS_USED.iter().map(|a| a.action).collect();
-    assert!(m.values().flatten().all(|a| known.contains(a.as_str())));
-    // CreateTable is granted nowhere else, whatever the commands.
-    let all = PolicyOptions {
-        commands: PolicyCommand::MIGRATION.to_vec(),
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &all));
-    assert!(m.values().flatten().all(|a| a != "dynamodb:CreateTable"));
-    // tail --fleet reads the backfill-done record and publishes its
-    // progress; the fleet verify leases its units; cutover reads.
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&[
-            "dynamodb:DescribeTable",
-            "dynamodb:GetItem",
-            "dynamodb:PutItem",
-            "dynamodb:Query",
-            "dynamodb:UpdateItem"
-        ])
-    );
-    let tail = PolicyOptions {
-        commands: vec![PolicyCommand::Tail],
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &tail));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&["dynamodb:GetItem", "dynamodb:PutItem"])
-    );
+    (plan, opts)
 }
 
+/// Every fixture's policy, whole: `tests/fixtures/iam/<case>.toml` →
+/// `<case>.json`. Each also grants only actions the code calls, and
+/// CreateTable only to a worker.
 #[test]
-fn a_drain_through_the_fleets_tail_reads_the_shards_units_and_lists_the_stream() {
-    let opts = PolicyOptions {
-        commands: vec![PolicyCommand::Drain],
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &opts));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&["dynamodb:Query"])
-    );
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/orders/stream/*"],
-        set(&["dynamodb:DescribeStream"])
-    );
-    // Without a control table, a drain writes its marker and nothing else.
-    let local = PolicyOptions {
-        commands: vec![PolicyCommand::Drain],
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &local));
-    assert!(!m.contains_key("arn:aws:dynamodb:*:*:table/orders/stream/*"));
-    // finish --state (granted with cutover) records the end.
-    let cutover = PolicyOptions {
-        commands: vec![PolicyCommand::Cutover],
-        control_table: Some("rekey-control".into()),
-        ..Default::default()
-    };
-    let (m, _) = by_resource(&policy(&rekey(), &cutover));
-    assert_eq!(
-        m["arn:aws:dynamodb:*:*:table/rekey-control"],
-        set(&["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"])
-    );
+fn fixtures_each_command_and_option_gets_exactly_its_policy() {
+    let known: BTreeSet<&str> = ACTIONS_USED
+        .iter()
+        .map(|a| a.action)
+        .chain(IMPORT_ON_BEHALF.iter().copied())
+        .collect();
+    let cases = fixture::cases(&fixture::dir("iam"), ".toml");
+    let mut failures = fixture::strays(&fixture::dir("iam"), ".toml", ".json");
+    for case in &cases {
+        let (plan, opts) = fixture_case(case);
+        let p = policy(&plan, &opts);
+        let (m, _) = by_resource(&p);
+        for a in m.values().flatten() {
+            assert!(
+                known.contains(a.as_str()),
+                "{}: {a} is granted but never called",
+                case.display()
+            );
+        }
+        let creates = m.values().flatten().any(|a| a == "dynamodb:CreateTable");
+        assert_eq!(
+            creates,
+            opts.commands.contains(&PolicyCommand::Worker) && opts.control_table.is_some(),
+            "{}: CreateTable only for a worker's control table",
+            case.display()
+        );
+        let got = serde_json::to_string_pretty(&p).unwrap() + "\n";
+        failures.extend(fixture::compare(
+            &fixture::sibling(case, ".toml", ".json"),
+            &got,
+        ));
+    }
+    fixture::finish("IAM policy fixtures", cases.len(), 17, &failures);
 }

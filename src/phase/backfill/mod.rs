@@ -12,7 +12,7 @@
 //! Backfill writes are plain puts of the image the Scan read. They may be
 //! older than the source by the time they land; the tail fixes that, because
 //! it applies every change made since before the backfill started, in order,
-//! and only after the backfill is complete (ARCHITECTURE.md, "Backfill and
+//! and only after the backfill is complete (docs/tail.md, "Backfill and
 //! tail converge").
 //!
 //! In place (the plan's target is its source), the same scan, ledger and
@@ -364,7 +364,7 @@ pub async fn run(
     ledger.store.put(&phase, &BackfillStage::BackfillDone)?;
     ledger.store.flush()?;
     if !opts.undo {
-        // From here on the tail may apply what it captured (ARCHITECTURE.md).
+        // From here on the tail may apply what it captured (docs/tail.md).
         opts.state_dir.mark_backfill_done()?;
     }
     ledger.rejects.flush_len()?;

@@ -1,7 +1,7 @@
 //! `rekey tail`: keep the target current from the source table's DynamoDB
 //! Stream, in per-item order across shard lineage.
 //!
-//! Convergence with the backfill (ARCHITECTURE.md, "Backfill and tail
+//! Convergence with the backfill (docs/tail.md, "Backfill and tail
 //! converge"): until the backfill has finished — it leaves a `backfill.done`
 //! marker in the plan's state directory — records are not applied but
 //! buffered durably in the tail's own store, so that a backfill longer than the

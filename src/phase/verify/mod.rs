@@ -18,7 +18,7 @@
 //! T1 + 1 s (the tail publishes `applied_through` in `<state dir>/tail/status.json`),
 //! with a source item that was not written between two consistent reads — a
 //! stream watch ([`crate::phase::watch`]) counts the writes, since equal content can
-//! hide A→B→A (ARCHITECTURE.md, "Verify: no false alarms, no missed drift").
+//! hide A→B→A (docs/verify.md).
 //!
 //! Checkpointed like the backfill: per Scan segment, the resume key, the
 //! counters and the page's candidates are one atomic batch in the verify's own

@@ -172,7 +172,7 @@ pub(super) type OwnerRead = (Option<Item>, Option<u64>);
 /// read the target item (gone: resolved), then the source items that could
 /// own it — with the prefix, the one it names; without it, those the stream
 /// watch saw map to this key since before the second pass (none: an orphan,
-/// ARCHITECTURE.md). One that maps to this key resolves it; otherwise it is
+/// docs/verify.md). One that maps to this key resolves it; otherwise it is
 /// confirmed once two rounds read the same sources.
 pub(super) async fn recheck_orphans_all(
     ctx: &Ctx,

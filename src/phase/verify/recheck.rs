@@ -1,6 +1,6 @@
 //! The re-check that turns a candidate into a difference, or not: rounds
 //! gated on the tail's `applied_through`, with the stream watch counting the
-//! writes between reads (ARCHITECTURE.md, "Verify: no false alarms").
+//! writes between reads (docs/verify.md).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -184,7 +184,7 @@ pub(super) enum Verdict {
     Unconfirmed(Mismatch, String),
 }
 
-/// Re-check forward candidates (see ARCHITECTURE.md for why this is sound):
+/// Re-check forward candidates (see docs/verify.md for why this is sound):
 /// round by round, after the tail has applied the source writes up to the
 /// previous read plus a margin, read the target and then the source
 /// (consistently). Equal: transient. Different with a source item unchanged

@@ -3,8 +3,8 @@
 //! It is `state`'s second store beside the local sled one: what survives a
 //! worker's death must not live on one machine's disk. Every request goes
 //! through [`crate::aws::control`]; this module only knows the items and
-//! the conditions that make them a lease protocol (ARCHITECTURE.md, "More
-//! than one machine").
+//! the conditions that make them a lease protocol (docs/fleet.md, "How
+//! it works").
 //!
 //! Items, all under `pk = MIG#<id>` (one Query reads a migration):
 //! - `META`: plan fingerprint, segment count (fixed at creation), the
