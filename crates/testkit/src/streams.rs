@@ -424,30 +424,30 @@ impl Shared {
             return Ok(());
         }
         let began = Instant::now();
-        let iterator = match feed.upstream_iterator.take() {
+        // The position moves only together with the records ingested up to
+        // it, with no await in between: a sync dropped mid-way (its caller's
+        // connection closed, as when a reader is killed with -9) resumes
+        // where it stopped. (It once took the position out for the call;
+        // dropped there, the next sync started again from the stream's
+        // oldest record and served the whole history a second time.)
+        let mut it = match feed.upstream_iterator.clone() {
             Some(it) => it,
-            None => self.first_iterator(&feed.arn).await?,
+            None => {
+                let first = self.first_iterator(&feed.arn).await?;
+                feed.upstream_iterator = Some(first.clone());
+                first
+            }
         };
-        let mut iterator = Some(iterator);
-        while let Some(it) = iterator.take() {
+        loop {
             let body = json!({"ShardIterator": it, "Limit": UPSTREAM_PAGE});
-            let answer = self
+            let (status, out) = self
                 .call(&format!("{STREAMS_PREFIX}GetRecords"), &body)
-                .await;
-            let (status, out) = match answer {
-                Ok(a) => a,
-                Err(e) => {
-                    feed.upstream_iterator = Some(it);
-                    return Err(e);
-                }
-            };
+                .await?;
             if status != StatusCode::OK {
                 // Retried from the same position next time.
-                feed.upstream_iterator = Some(it);
                 bail!("GetRecords upstream: {status} {out}");
             }
             let Some(next) = out["NextShardIterator"].as_str().map(str::to_string) else {
-                feed.upstream_iterator = Some(it);
                 bail!("GetRecords upstream gave no NextShardIterator: {out}");
             };
             let records = out["Records"].as_array().cloned().unwrap_or_default();
@@ -460,12 +460,12 @@ impl Shared {
                     m.ingest(&feed.arn, r, now);
                 }
             }
+            feed.upstream_iterator = Some(next.clone());
             if records.len() < UPSTREAM_PAGE {
-                feed.upstream_iterator = Some(next);
                 feed.synced_from = Some(began);
-            } else {
-                iterator = Some(next);
+                break;
             }
+            it = next;
         }
         Ok(())
     }
@@ -663,4 +663,81 @@ async fn handle(
         headers.insert("x-amzn-errortype", kind);
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rekey::local::{LocalOptions, LocalServer};
+
+    /// One call to the local server that must succeed.
+    async fn must(front: &StreamsFront, op: &str, body: Json) -> Json {
+        let (status, out) = front
+            .shared
+            .call(&format!("{DYNAMODB_PREFIX}{op}"), &body)
+            .await
+            .unwrap_or_else(|e| panic!("{op}: {e:#}"));
+        assert_eq!(status, StatusCode::OK, "{op}: {out}");
+        out
+    }
+
+    async fn put(front: &StreamsFront, i: u32) {
+        let item = json!({"PK": {"S": format!("P#{i}")}, "v": {"N": "1"}});
+        must(front, "PutItem", json!({"TableName": "t", "Item": item})).await;
+    }
+
+    /// Regression: a GetRecords whose connection closed while the front was
+    /// catching up with the local server (a reader killed with -9) dropped
+    /// the sync after it had taken the upstream position out; the next sync
+    /// began again at the oldest record, and every record of the stream was
+    /// served a second time, as new writes (the soak's seed 25 lost 63
+    /// application writes to the replays).
+    #[tokio::test]
+    async fn a_sync_dropped_mid_way_never_takes_a_record_twice() {
+        let server = LocalServer::start(&LocalOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("start the local server: {e:#}"));
+        let front = StreamsFront::start(StreamsOptions {
+            upstream: server.endpoint().to_string(),
+            // Only this test's syncs: the pump stays out of the way.
+            pump_interval: Duration::from_secs(3600),
+            ..StreamsOptions::default()
+        })
+        .await
+        .unwrap();
+        let created = must(
+            &front,
+            "CreateTable",
+            json!({
+                "TableName": "t",
+                "AttributeDefinitions": [{"AttributeName": "PK", "AttributeType": "S"}],
+                "KeySchema": [{"AttributeName": "PK", "KeyType": "HASH"}],
+                "BillingMode": "PAY_PER_REQUEST",
+                "StreamSpecification": {"StreamEnabled": true, "StreamViewType": "NEW_AND_OLD_IMAGES"}
+            }),
+        )
+        .await;
+        let arn = created["TableDescription"]["LatestStreamArn"]
+            .as_str()
+            .expect("a stream")
+            .to_string();
+        for i in 0..5 {
+            put(&front, i).await;
+        }
+        let shared = &front.shared;
+        shared.register(&arn).await.expect("register");
+        assert_eq!(front.stats().records_pumped, 5);
+        for i in 5..8 {
+            put(&front, i).await;
+        }
+        let feed = shared.feeds.lock().await.get(&arn).cloned().unwrap();
+        {
+            // Polled once: it holds the feed and waits on the local server.
+            let mut sync = std::pin::pin!(shared.sync(&feed, Instant::now()));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(sync.as_mut().poll(&mut cx).is_pending());
+        } // dropped there, as hyper drops a closed connection's request
+        shared.sync(&feed, Instant::now()).await.expect("sync");
+        assert_eq!(front.stats().records_pumped, 8, "{:?}", front.stats());
+    }
 }
