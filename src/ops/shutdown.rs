@@ -85,4 +85,16 @@ mod tests {
         assert!(handler.stop());
         assert!(token.is_cancelled());
     }
+
+    /// `check` runs to its end without the token: a signal would end it at once.
+    #[tokio::test]
+    async fn the_dispatch_hands_check_no_token() {
+        use clap::Parser as _;
+        let plan = concat!(env!("CARGO_MANIFEST_DIR"), "/plans/tenant-day-shard.toml");
+        let cli = crate::ops::cli::Cli::try_parse_from(["rekey", "-q", "check", plan]).unwrap();
+        let config = crate::ops::config::Config::from_args(cli, &|_| None).unwrap();
+        let shutdown = Shutdown::new();
+        crate::ops::commands::run(config, &shutdown).await.unwrap();
+        assert!(!shutdown.stops_cleanly());
+    }
 }

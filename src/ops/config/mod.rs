@@ -8,6 +8,9 @@
 //! print. Nothing here touches AWS; the one environment lookup (the demo's
 //! endpoint) goes through a function the caller passes, so the conversion is
 //! tested as a plain function.
+//!
+//! The stop is not configuration: it is a signal of one process run, handed
+//! to the commands that stop cleanly by `ops::commands::run` (`ops::shutdown`).
 
 use std::path::PathBuf;
 use std::time::Duration;
