@@ -1,10 +1,11 @@
 //! The `rekey` binary: parse the arguments, convert them to a checked
 //! configuration, run the command, print any error once.
 //!
-//! Ctrl-C and SIGTERM cancel the configuration's stop token: a long-running
-//! command finishes the work in flight, checkpoints, publishes a stopped
-//! status and exits 130 (SIGINT) or 143 (SIGTERM); any other command ends at
-//! once. A second Ctrl-C exits at once. A closed stdout (`| head`) ends the
+//! Ctrl-C and SIGTERM go through the process's [`Shutdown`]: a command that
+//! took its stop token (a long-running one; see `ops::shutdown`) finishes the
+//! work in flight, checkpoints, publishes a stopped status and exits 130
+//! (SIGINT) or 143 (SIGTERM); any other command ends at once. A second Ctrl-C
+//! exits at once. A closed stdout (`| head`) ends the
 //! command quietly with 0.
 
 use std::sync::Arc;
@@ -14,8 +15,8 @@ use clap::Parser as _;
 use rekey::ops::cli::{Cli, exit, exit_code};
 use rekey::ops::config::Config;
 use rekey::ops::out;
+use rekey::ops::shutdown::Shutdown;
 use rekey::phase::error::Stopped;
-use tokio_util::sync::CancellationToken;
 
 /// mimalloc instead of the system allocator: a backfill builds and drops
 /// several small maps and strings per item (SDK types, items, requests), and
@@ -46,7 +47,6 @@ fn tune_allocator() {
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
-    let clean = cli.command.stops_cleanly();
     let config = match Config::try_from(cli) {
         Ok(config) => config,
         Err(err) => fail(&err, exit::BAD_INPUT),
@@ -60,12 +60,9 @@ fn main() {
         ),
     };
     let signal = Arc::new(AtomicI32::new(0));
-    runtime.spawn(on_signals(
-        config.common.stop.clone(),
-        signal.clone(),
-        clean,
-    ));
-    let result = runtime.block_on(rekey::ops::commands::run(config));
+    let shutdown = Shutdown::new();
+    runtime.spawn(on_signals(shutdown.clone(), signal.clone()));
+    let result = runtime.block_on(rekey::ops::commands::run(config, &shutdown));
     let stopped_by = signal.load(Ordering::SeqCst);
     match result {
         Ok(_) if stopped_by != 0 => std::process::exit(128 + stopped_by),
@@ -86,10 +83,10 @@ fn fail(err: &anyhow::Error, code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// The first SIGINT or SIGTERM cancels `stop` (and records which) for a
-/// command that stops cleanly, and ends any other at once; a second SIGINT
-/// exits at once.
-async fn on_signals(stop: CancellationToken, signal: Arc<AtomicI32>, clean: bool) {
+/// The first SIGINT or SIGTERM (recorded) stops a command that stops cleanly
+/// through `shutdown`, and ends any other at once; a second SIGINT exits at
+/// once.
+async fn on_signals(shutdown: Shutdown, signal: Arc<AtomicI32>) {
     use tokio::signal::unix::{SignalKind, signal as listen};
     let (Ok(mut int), Ok(mut term)) = (
         listen(SignalKind::interrupt()),
@@ -102,11 +99,11 @@ async fn on_signals(stop: CancellationToken, signal: Arc<AtomicI32>, clean: bool
         _ = term.recv() => libc::SIGTERM,
     };
     signal.store(first, Ordering::SeqCst);
-    if !clean {
+    if !shutdown.stops_cleanly() {
         std::process::exit(128 + first);
     }
     eprintln!("stopping: finishing the work in flight (Ctrl-C again to exit at once)");
-    stop.cancel();
+    shutdown.stop();
     if int.recv().await.is_some() {
         std::process::exit(128 + libc::SIGINT);
     }

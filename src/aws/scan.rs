@@ -94,8 +94,6 @@ pub struct ScanOptions {
     /// Items per page (None: DynamoDB's 1 MB pages).
     pub page_limit: Option<i32>,
     pub consistent_read: bool,
-    /// Cancelled: no segment reads another page (pages in flight finish).
-    pub stop: CancellationToken,
 }
 
 /// Where each segment begins: from the start, after a key, or not at all (done).
@@ -124,12 +122,15 @@ pub struct Page {
 /// segment's next page only once `on_page` has returned: a handler that
 /// checkpoints the page's `next` key after its work is done therefore never
 /// records a position past unfinished work. `starts` has one entry per
-/// segment (empty means all from the beginning).
+/// segment (empty means all from the beginning). Once `stop` is cancelled
+/// no segment reads another page (pages in flight finish); a parameter, as
+/// each caller's stop is its own (a signal, a consumer that has enough).
 pub async fn scan<F, Fut>(
     clients: &Clients,
     opts: &ScanOptions,
     starts: Vec<SegmentStart>,
     control: Arc<Control>,
+    stop: &CancellationToken,
     on_page: F,
 ) -> anyhow::Result<()>
 where
@@ -149,10 +150,11 @@ where
             SegmentStart::After(k) => Some(k),
         };
         let mut next = from.as_ref().map(to_sdk_item);
-        let (clients, opts, control, on_page) = (
+        let (clients, opts, control, stop, on_page) = (
             clients.clone(),
             opts.clone(),
             control.clone(),
+            stop.clone(),
             on_page.clone(),
         );
         tasks.spawn(async move {
@@ -161,7 +163,7 @@ where
                 tokio::select! {
                     // A stop wins over a read budget that is also ready: no page after it.
                     biased;
-                    () = opts.stop.cancelled() => return anyhow::Ok(()),
+                    () = stop.cancelled() => return anyhow::Ok(()),
                     () = control.wait_read() => {}
                 }
                 let out = clients

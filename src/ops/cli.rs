@@ -158,23 +158,6 @@ pub struct CompletionsArgs {
 }
 
 /// `iam-policy --command`.
-impl Command {
-    /// Commands that stop cleanly on Ctrl-C or SIGTERM (work in flight
-    /// finished and checkpointed); any other ends at the signal.
-    pub fn stops_cleanly(&self) -> bool {
-        matches!(
-            self,
-            Command::Backfill(_)
-                | Command::Worker(_)
-                | Command::Undo(_)
-                | Command::Run(_)
-                | Command::Tail(_)
-                | Command::Reverse(_)
-                | Command::Verify(_)
-        )
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PolicyCommandArg {
     Analyze,

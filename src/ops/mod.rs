@@ -2,7 +2,8 @@
 //! arguments to the phases' options ([`config`]), one small function per
 //! command ([`commands`]), stdout ([`out`]: every byte printed there), progress
 //! on the terminal, the log subscriber ([`log`]: `-v`, `RUST_LOG`), redaction
-//! of key values, rendering, the IAM policy and the demo.
+//! of key values, rendering, the IAM policy and the demo; the process's stop
+//! ([`shutdown`]), handed to the commands that stop cleanly.
 //!
 //! Architecture invariant: only `ops` prints to stdout or redacts
 //! (tests/architecture.rs).
@@ -16,4 +17,5 @@ pub mod log;
 pub mod out;
 pub mod progress;
 pub mod redact;
+pub mod shutdown;
 pub mod status;

@@ -42,10 +42,6 @@ pub struct RunOptions {
     pub verify: VerifyOptions,
     pub drain_timeout: Duration,
     pub exit_when_ready: bool,
-    /// Cancelled (Ctrl-C, SIGTERM): the phase in progress stops after its
-    /// work in flight, the tail publishes a stopped status, and `run`
-    /// returns `Stopped`; a rerun resumes. Passed to every phase.
-    pub stop: CancellationToken,
     /// Notified when the migration is ready for cutover and this run goes on
     /// tailing (not with `exit_when_ready`), for a caller that cuts over and
     /// finishes in the same process (`rekey demo`).
@@ -55,16 +51,17 @@ pub struct RunOptions {
 /// After a cutover is recorded, the reverse tail (target → source), so the
 /// migration can be rolled back (`rekey rollback`), when the target has a
 /// NEW_AND_OLD_IMAGES stream and every rule is reversible; else a note says
-/// why not. Ends with the forward tail (its stop token, or `rekey finish`).
+/// why not. Ends with the forward tail (its `stop`, or `rekey finish`).
 async fn reverse_after_cutover(
     clients: &Clients,
     plan: &Plan,
     forward: &TailOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<()> {
     let dir = &forward.state_dir;
     loop {
-        if forward.stop.is_cancelled() || dir.is_finished() {
+        if stop.is_cancelled() || dir.is_finished() {
             return Ok(());
         }
         // After a rollback too: the reverse tail runs until `rekey finish`
@@ -75,7 +72,7 @@ async fn reverse_after_cutover(
         }
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
-            () = forward.stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         }
     }
     if let Err(why) = tail::line::reversible(clients, plan).await? {
@@ -88,7 +85,7 @@ async fn reverse_after_cutover(
         rejects: dir.reverse_rejects(),
         ..forward.clone()
     };
-    match tail::run(clients, plan, &opts, &progress.beside()).await {
+    match tail::run(clients, plan, &opts, &progress.beside(), stop).await {
         Ok(_) => Ok(()),
         Err(e) if e.is::<Stopped>() => Ok(()),
         Err(e) => Err(e.context("the reverse tail stopped")),
@@ -159,11 +156,16 @@ impl RunReport {
     }
 }
 
+/// The lifecycle, until ready for cutover and then `rekey finish` (or
+/// `exit_when_ready`). Once `stop` is cancelled (Ctrl-C, SIGTERM) the phase
+/// in progress stops after its work in flight, the tail publishes a stopped
+/// status, and `run` returns `Stopped`; a rerun resumes.
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &RunOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<RunReport> {
     if plan.mode == crate::core::plan::Mode::InPlace {
         anyhow::bail!(crate::phase::error::InputError(format!(
@@ -189,26 +191,17 @@ pub async fn run(
         // A dry run writes nothing: a stop may cut it short.
         tokio::select! {
             r = analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report) => r?,
-            () = opts.stop.cancelled() => return Err(Stopped.into()),
+            () = stop.cancelled() => return Err(Stopped.into()),
         }
     }
 
-    // Every phase stops through the run's token; the tail through a child of
-    // it, so that `run` can also stop the tail alone when it gives up.
-    let tail_stop = opts.stop.child_token();
+    // Every phase stops through `stop`; the tails through a child of it, so
+    // that `run` can also stop the tails alone when it gives up.
+    let tail_stop = stop.child_token();
     let opts = &RunOptions {
         backfill: BackfillOptions {
-            stop: opts.stop.clone(),
             tail_in_process: true,
             ..opts.backfill.clone()
-        },
-        verify: VerifyOptions {
-            stop: opts.stop.clone(),
-            ..opts.verify.clone()
-        },
-        tail: TailOptions {
-            stop: tail_stop.clone(),
-            ..opts.tail.clone()
         },
         ..opts.clone()
     };
@@ -216,16 +209,18 @@ pub async fn run(
     // 2. Capture: the tail runs for the rest of the command, in this process.
     let mut tail_task = {
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
-        let beside = progress.beside();
-        tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside).await })
+        let (beside, stop) = (progress.beside(), tail_stop.clone());
+        tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside, &stop).await })
     };
     // The reverse tail from the start too (it waits for a cutover record):
     // a `run` started again after a cutover carries the target's writes
     // back at once, not after its own catch-up and verify.
     let reverse_task = {
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
-        let beside = progress.beside();
-        tokio::spawn(async move { reverse_after_cutover(&clients, &plan, &topts, &beside).await })
+        let (beside, stop) = (progress.beside(), tail_stop.clone());
+        tokio::spawn(
+            async move { reverse_after_cutover(&clients, &plan, &topts, &beside, &stop).await },
+        )
     };
     let reverse_ended = |r: Result<anyhow::Result<()>, tokio::task::JoinError>| match r {
         Ok(r) => r,
@@ -240,7 +235,7 @@ pub async fn run(
     // stream, a lost permission), say so now rather than time out later.
     let mut tail_over = false;
     let result = tokio::select! {
-        r = phases(clients, plan, opts, progress, &mut report) => r,
+        r = phases(clients, plan, opts, progress, stop, &mut report) => r,
         r = &mut tail_task => {
             tail_over = true;
             match tail_ended(r) {
@@ -332,7 +327,12 @@ async fn analyze_gate(
 const VERIFY_ATTEMPTS: usize = 3;
 
 /// A drain barrier, or exit 3 if the tail does not report it in time.
-async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> anyhow::Result<()> {
+async fn drain_or_gate(
+    clients: &Clients,
+    plan: &Plan,
+    opts: &RunOptions,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
     let drain_opts = DrainOptions {
         state_dir: opts.state_dir.clone(),
         timeout: opts.drain_timeout,
@@ -342,7 +342,7 @@ async fn drain_or_gate(clients: &Clients, plan: &Plan, opts: &RunOptions) -> any
     // Waiting for a barrier holds nothing: a stop may cut it short.
     let drain = tokio::select! {
         d = barrier::drain(clients, plan, &drain_opts) => d?,
-        () = opts.stop.cancelled() => return Err(Stopped.into()),
+        () = stop.cancelled() => return Err(Stopped.into()),
     };
     if !drain.complete {
         anyhow::bail!(GateNotMet(format!(
@@ -359,20 +359,21 @@ async fn phases(
     plan: &Plan,
     opts: &RunOptions,
     progress: &Progress,
+    stop: &CancellationToken,
     report: &mut RunReport,
 ) -> anyhow::Result<()> {
     // 3. Backfill (resumes from its checkpoints; skipped once done).
     if !opts.state_dir.is_backfill_done() {
         let started = Instant::now();
         progress.note("backfill: copying every source item into the target");
-        report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress).await?);
+        report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress, stop).await?);
         report.timed("backfill", started);
     }
 
     // 4. Catch-up: the tail has applied its buffer and everything written until now.
     let started = Instant::now();
     progress.note("catch-up: waiting for the tail to apply every change captured so far");
-    drain_or_gate(clients, plan, opts).await?;
+    drain_or_gate(clients, plan, opts, stop).await?;
     report.timed("catch-up", started);
 
     // 5. Verify, unless a clean full verify already finished after the backfill.
@@ -388,7 +389,7 @@ async fn phases(
     if !fresh {
         for attempt in 1..=VERIFY_ATTEMPTS {
             progress.note("verify: comparing every source item with the target, and back");
-            let r = verify::run(clients, plan, &opts.verify, progress).await?;
+            let r = verify::run(clients, plan, &opts.verify, progress, stop).await?;
             let c = r.result.counts;
             let confirmed = c.missing + c.different + c.orphans;
             let unsettled = c.unconfirmed + c.unconfirmed_orphans;
@@ -400,7 +401,7 @@ async fn phases(
             progress.note(&format!(
                 "verify: {unsettled} difference(s) unconfirmed (the tail was behind); catching up and verifying again"
             ));
-            drain_or_gate(clients, plan, opts).await?;
+            drain_or_gate(clients, plan, opts, stop).await?;
         }
         report.timed("verify", started);
     }

@@ -579,3 +579,58 @@ async fn a_stale_decision_is_recomputed_and_a_deleted_item_stays_deleted() {
         .unwrap();
     assert!(matches!(r, Applied::Skipped { .. }), "{r:?}");
 }
+
+/// An in-place verify stops on SIGTERM (issue 26: it is handed the stop
+/// token like every verify, and before it kept scanning to the end): the
+/// scan reads no new page, nothing is published, exit 143 within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_verify_stops_at_sigterm_and_publishes_nothing() {
+    let env = TestEnv::start().await;
+    let table = env.table_name("tasks");
+    create_tasks_table(&env, &table).await;
+    let seed: Vec<Item> = (0..600)
+        .map(|i| task(i, STATUSES[(i % 3) as usize]))
+        .collect();
+    env.put(&table, &seed).await;
+    let plan_path = env.file("plan.toml", &tasks_plan(&table));
+    let state = env.dir.path().join("state");
+    let (state_s, plan_s) = (state.to_str().unwrap(), plan_path.to_str().unwrap());
+    // Pages of 10 items at 1 RCU/s: a minute of scanning.
+    let child = env.spawn(&[
+        "verify",
+        plan_s,
+        "--state-dir",
+        state_s,
+        "--segments",
+        "1",
+        "--page-size",
+        "10",
+        "--read-rate",
+        "1",
+        "--json",
+    ]);
+    let dir = rekey::state::StateDir::new(&state);
+    poll_until(
+        "the verify's candidates file",
+        Duration::from_secs(60),
+        || dir.in_place_candidates().exists(),
+    )
+    .await;
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let signalled = std::time::Instant::now();
+    let out = wait_output(child).await;
+    let took = signalled.elapsed();
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert!(stderr(&out).contains("stopping"), "{}", stderr(&out));
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after SIGTERM"
+    );
+    assert!(
+        !dir.verify_snapshot().exists(),
+        "a stopped verify publishes no verdict"
+    );
+}

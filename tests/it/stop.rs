@@ -313,3 +313,44 @@ async fn verify_stops_within_the_bound_mid_page() {
     assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
     assert!(took < BOUND, "stopped {took:?} after SIGTERM");
 }
+
+/// The other side of the bound: a command that does not stop cleanly
+/// (`drain` waiting for a tail that never runs: it has nothing in flight
+/// worth finishing) never takes the process's stop token, so the first
+/// SIGTERM ends it at once with 143 and no "stopping" message (issue 26:
+/// which commands stop cleanly is the command dispatch, `ops::shutdown`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_does_not_stop_cleanly_ends_at_the_first_sigterm() {
+    use std::io::BufRead as _;
+    let t = tables(1).await;
+    let (plan, state) = (t.plan_path.to_str().unwrap(), t.state.to_str().unwrap());
+    let mut drain = t
+        .env
+        .spawn(&["drain", plan, "--state-dir", state, "--timeout", "600"]);
+    let err = drain.stderr.take().unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = lines.send(line);
+        }
+        all
+    });
+    // The note comes from the command itself: the signal handler is in place.
+    loop {
+        let line = seen
+            .recv_timeout(Duration::from_secs(60))
+            .expect("drain's note that it waits for a tail");
+        if line.contains("waiting for one to start") {
+            break;
+        }
+    }
+    let (took, out) = stop_and_time(drain).await;
+    let err = reader.join().unwrap();
+    eprintln!("drain ended {took:?} after SIGTERM");
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(!err.contains("stopping"), "{err}");
+    assert!(took < BOUND, "ended {took:?} after SIGTERM");
+}

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use tokio_util::sync::CancellationToken;
+
 use super::{connect, print_done};
 use crate::ops::cli::exit;
 use crate::ops::config::{Common, Planned};
@@ -9,12 +11,16 @@ use crate::ops::progress;
 use crate::phase::backfill::{self, BackfillOptions, BackfillReport};
 use crate::phase::tail::{self, Flow, TailOptions, TailReport};
 
-/// `rekey backfill`, and `rekey undo` (`options.undo`).
-pub(super) async fn backfill(c: &Common, cmd: Planned<BackfillOptions>) -> anyhow::Result<i32> {
+/// `rekey backfill`, and `rekey undo` (`options.undo`): `stop` ends it cleanly.
+pub(super) async fn backfill(
+    c: &Common,
+    cmd: Planned<BackfillOptions>,
+    stop: CancellationToken,
+) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
-    let report = backfill::run(&clients, &plan, &options, &progress).await?;
+    let report = backfill::run(&clients, &plan, &options, &progress, &stop).await?;
     print_done(c, &report, |r| backfill_text(r, options.undo))?;
     Ok(exit::OK)
 }
@@ -74,12 +80,16 @@ fn backfill_text(report: &BackfillReport, undo: bool) -> String {
     o
 }
 
-/// `rekey tail`.
-pub(super) async fn tail(c: &Common, cmd: Planned<TailOptions>) -> anyhow::Result<i32> {
+/// `rekey tail` and `rekey reverse`: `stop` ends it cleanly.
+pub(super) async fn tail(
+    c: &Common,
+    cmd: Planned<TailOptions>,
+    stop: CancellationToken,
+) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
-    let report = tail::run(&clients, &plan, &options, &progress).await?;
+    let report = tail::run(&clients, &plan, &options, &progress, &stop).await?;
     match options.flow {
         Flow::Forward => print_done(c, &report, tail_text)?,
         Flow::Reverse => print_done(c, &report, |r| format!("reverse {}", tail_text(r)))?,

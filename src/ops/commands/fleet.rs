@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use super::{connect, print, print_done};
 use crate::ops::cli::exit;
@@ -15,12 +16,16 @@ use crate::state::fleet::export::ExportSource;
 use crate::state::fleet::shard::{ShardUnit, fleet_through};
 use crate::state::fleet::{Checkpoint, Counters, FleetRef, Snapshot, wall_ms};
 
-/// `rekey worker`.
-pub(super) async fn worker(c: &Common, cmd: Planned<WorkerOptions>) -> anyhow::Result<i32> {
+/// `rekey worker`: `stop` ends it cleanly (its leases released).
+pub(super) async fn worker(
+    c: &Common,
+    cmd: Planned<WorkerOptions>,
+    stop: CancellationToken,
+) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
-    let report = fleet::run(&clients, &plan, &options, &progress).await?;
+    let report = fleet::run(&clients, &plan, &options, &progress, &stop).await?;
     print_done(c, &report, worker_text)?;
     Ok(exit::OK)
 }
@@ -64,11 +69,13 @@ fn worker_text(r: &WorkerReport) -> String {
 }
 
 /// `rekey tail --fleet`: the tail, and beside it the wait for the fleet's
-/// "backfill done" record, mirrored into the tail's state directory.
+/// "backfill done" record, mirrored into the tail's state directory; `stop`
+/// ends both cleanly.
 pub(super) async fn tail_fleet(
     c: &Common,
     cmd: Planned<TailOptions>,
     at: FleetRef,
+    stop: CancellationToken,
 ) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
@@ -78,7 +85,7 @@ pub(super) async fn tail_fleet(
             clients.clone(),
             at.clone(),
             options.state_dir.clone(),
-            options.stop.clone(),
+            stop.clone(),
         );
         tokio::spawn(async move { fleet::mirror_done(&clients, &at, &dir, &stop).await })
     };
@@ -88,14 +95,14 @@ pub(super) async fn tail_fleet(
             clients.clone(),
             at.clone(),
             options.state_dir.clone(),
-            tokio_util::sync::CancellationToken::new(),
+            CancellationToken::new(),
         );
         let token = stop.clone();
         let task =
             tokio::spawn(async move { fleet::publish_tail(&clients, &at, &dir, &stop).await });
         (task, token)
     };
-    let result = tail::run(&clients, &plan, &options, &progress).await;
+    let result = tail::run(&clients, &plan, &options, &progress, &stop).await;
     mirror.abort();
     marks.1.cancel();
     match marks.0.await {

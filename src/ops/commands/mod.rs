@@ -14,6 +14,13 @@
 //! * `run` — `run`, the whole lifecycle.
 //! * `switch` — `drain`, `cutover`, `finish`.
 //! * `demo` — `demo`.
+//!
+//! The process's stop is handed in ([`Shutdown`]), and [`run`] gives its
+//! token ([`Shutdown::stop_cleanly`]) to exactly the commands that stop
+//! cleanly: the ones whose phases take it as a parameter. Taking it is what
+//! makes a command stop cleanly on Ctrl-C or SIGTERM, and a phase that needs
+//! it does not compile without it; every other command ends at the signal
+//! (`ops::shutdown`).
 
 mod analyze;
 mod copy;
@@ -33,11 +40,15 @@ use serde::Serialize;
 use crate::aws::Clients;
 use crate::ops::config::{Command, Common, Config, Format};
 use crate::ops::out;
+use crate::ops::shutdown::Shutdown;
 
-/// Run one command; the result is the process exit code.
-pub async fn run(config: Config) -> anyhow::Result<i32> {
+/// Run one command; the result is the process exit code. The commands
+/// handed `shutdown.stop_cleanly()` are the ones that stop cleanly: this
+/// match is the only list of them.
+pub async fn run(config: Config, shutdown: &Shutdown) -> anyhow::Result<i32> {
     let Config { command, common } = config;
     let c = &common;
+    let stop = || shutdown.stop_cleanly();
     match command {
         Command::Check(cmd) => offline::check(c, cmd),
         Command::Query(cmd) => query::query(c, cmd).await,
@@ -48,14 +59,14 @@ pub async fn run(config: Config) -> anyhow::Result<i32> {
         Command::Man => offline::man(),
         Command::Analyze(cmd) => analyze::analyze(c, cmd).await,
         Command::Suggest(cmd) => suggest::suggest(c, cmd).await,
-        Command::Backfill(cmd) => copy::backfill(c, cmd).await,
-        Command::Tail(cmd) => copy::tail(c, cmd).await,
-        Command::TailFleet { tail, fleet } => fleet::tail_fleet(c, tail, fleet).await,
-        Command::Worker(cmd) => fleet::worker(c, cmd).await,
+        Command::Backfill(cmd) => copy::backfill(c, cmd, stop()).await,
+        Command::Tail(cmd) => copy::tail(c, cmd, stop()).await,
+        Command::TailFleet { tail, fleet } => fleet::tail_fleet(c, tail, fleet, stop()).await,
+        Command::Worker(cmd) => fleet::worker(c, cmd, stop()).await,
         Command::FleetStatus(cmd) => fleet::status(c, cmd).await,
-        Command::Verify(cmd) => verify::verify(c, cmd).await,
-        Command::FleetVerify(cmd) => verify::fleet_verify(c, cmd).await,
-        Command::Run(cmd) => run::run(c, cmd).await,
+        Command::Verify(cmd) => verify::verify(c, cmd, stop()).await,
+        Command::FleetVerify(cmd) => verify::fleet_verify(c, cmd, stop()).await,
+        Command::Run(cmd) => run::run(c, cmd, stop()).await,
         Command::Drain(cmd) => switch::drain(c, cmd).await,
         Command::Cutover(cmd) => switch::cutover(c, cmd).await,
         Command::Rollback(cmd) => switch::rollback(c, cmd).await,

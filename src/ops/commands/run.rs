@@ -1,16 +1,23 @@
 //! `rekey run`: the whole lifecycle in one resumable command.
 
+use tokio_util::sync::CancellationToken;
+
 use super::{connect, print_done};
 use crate::ops::cli::exit;
 use crate::ops::config::{Common, Planned};
 use crate::ops::progress;
 use crate::phase::lifecycle::{self, RunOptions, RunReport};
 
-pub(super) async fn run(c: &Common, cmd: Planned<RunOptions>) -> anyhow::Result<i32> {
+/// `stop` ends every phase of the run cleanly.
+pub(super) async fn run(
+    c: &Common,
+    cmd: Planned<RunOptions>,
+    stop: CancellationToken,
+) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
-    let report = lifecycle::run(&clients, &plan, &options, &progress).await?;
+    let report = lifecycle::run(&clients, &plan, &options, &progress, &stop).await?;
     print_done(c, &report, run_text)?;
     Ok(if report.blocked.is_some() {
         exit::DIFFERENCES

@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use tokio_util::sync::CancellationToken;
+
 use super::{connect, print_done};
 use crate::core::plan::Mode;
 use crate::ops::cli::exit;
@@ -12,19 +14,24 @@ use crate::phase::verify::fleet::FleetVerifyOptions;
 use crate::phase::verify::inplace::{self as in_place, InPlaceVerifyReport};
 use crate::phase::verify::{self, VerifyOptions};
 
-pub(super) async fn verify(c: &Common, cmd: Planned<VerifyOptions>) -> anyhow::Result<i32> {
+/// `rekey verify`: `stop` ends it cleanly.
+pub(super) async fn verify(
+    c: &Common,
+    cmd: Planned<VerifyOptions>,
+    stop: CancellationToken,
+) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
     let clean = if plan.mode == Mode::InPlace {
-        let report = in_place::run(&clients, &plan, &options, &progress).await?;
+        let report = in_place::run(&clients, &plan, &options, &progress, &stop).await?;
         print_done(c, &report, in_place_text)?;
         report.result.clean
     } else {
         let mut report = if options.reverse {
-            verify::run_reverse(&clients, &plan, &options, &progress).await?
+            verify::run_reverse(&clients, &plan, &options, &progress, &stop).await?
         } else {
-            verify::run(&clients, &plan, &options, &progress).await?
+            verify::run(&clients, &plan, &options, &progress, &stop).await?
         };
         PlanRedactor::new(&plan, c.output.redactor).verify(&mut report);
         print_done(c, &report, verify::render)?;
@@ -38,11 +45,12 @@ pub(super) async fn verify(c: &Common, cmd: Planned<VerifyOptions>) -> anyhow::R
 pub(super) async fn fleet_verify(
     c: &Common,
     cmd: Planned<FleetVerifyOptions>,
+    stop: CancellationToken,
 ) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     let clients = connect(c).await?;
     let progress = progress::new(c.output.progress);
-    let mut report = verify::fleet::run_fleet(&clients, &plan, &options, &progress).await?;
+    let mut report = verify::fleet::run_fleet(&clients, &plan, &options, &progress, &stop).await?;
     PlanRedactor::new(&plan, c.output.redactor).verify(&mut report);
     print_done(c, &report, verify::render)?;
     Ok(if report.ok() {

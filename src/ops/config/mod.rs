@@ -8,11 +8,12 @@
 //! print. Nothing here touches AWS; the one environment lookup (the demo's
 //! endpoint) goes through a function the caller passes, so the conversion is
 //! tested as a plain function.
+//!
+//! The stop is not configuration: it is a signal of one process run, handed
+//! to the commands that stop cleanly by `ops::commands::run` (`ops::shutdown`).
 
 use std::path::PathBuf;
 use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
 
 use crate::aws::AwsOptions;
 use crate::aws::export::ExportLocation;
@@ -59,9 +60,6 @@ pub struct Config {
 pub struct Common {
     pub aws: AwsOptions,
     pub output: Output,
-    /// The run's stop token, in every long-running command's options:
-    /// `main` cancels it on Ctrl-C or SIGTERM.
-    pub stop: CancellationToken,
     /// How many `-v`: what `ops::log` shows on stderr (`RUST_LOG` overrides).
     pub verbose: u8,
 }
@@ -172,34 +170,6 @@ pub struct ControlChange {
     pub write_rate: Option<f64>,
 }
 
-impl Command {
-    /// Every long-running phase this command drives stops through `stop`.
-    fn stop_with(&mut self, stop: &CancellationToken) {
-        match self {
-            Command::Backfill(p) => p.options.stop = stop.clone(),
-            Command::Tail(p) => p.options.stop = stop.clone(),
-            Command::TailFleet { tail, .. } => tail.options.stop = stop.clone(),
-            Command::Worker(p) => {
-                p.options.backfill.stop = stop.clone();
-                if let Some(t) = &mut p.options.tail {
-                    // Its own token under the signal's: a failed backfill stops only the tail.
-                    t.stop = stop.child_token();
-                }
-            }
-            Command::Verify(p) => p.options.stop = stop.clone(),
-            Command::FleetVerify(p) => p.options.verify.stop = stop.clone(),
-            Command::Run(p) => {
-                let o = &mut p.options;
-                o.stop = stop.clone();
-                o.backfill.stop = stop.clone();
-                o.tail.stop = stop.clone();
-                o.verify.stop = stop.clone();
-            }
-            _ => {}
-        }
-    }
-}
-
 impl TryFrom<Cli> for Config {
     type Error = anyhow::Error;
 
@@ -219,13 +189,10 @@ impl Config {
             show_keys,
             command,
         } = cli;
-        let (mut command, output) = command_and_output(command, &aws, show_keys, env)?;
-        let stop = CancellationToken::new();
-        command.stop_with(&stop);
+        let (command, output) = command_and_output(command, &aws, show_keys, env)?;
         Ok(Config {
             command,
             common: Common {
-                stop,
                 verbose,
                 aws: aws_options(&aws),
                 output: Output {
@@ -364,7 +331,6 @@ fn backfill_options(c: &cli::CopyArgs, state_dir: StateDir, undo: bool) -> Backf
         from_export: c.from_export.clone(),
         export_files_in_parallel: c.export_parallel,
         undo,
-        stop: CancellationToken::new(),
         via_import: c.via_import.clone(),
         import_object_bytes: c.import_object_size.0,
         tail_in_process: false,
@@ -379,7 +345,6 @@ fn tail_options(state_dir: &StateDir) -> TailOptions {
         exit_when_idle: None,
         write_rate: None,
         poll_interval: TAIL_POLL,
-        stop: CancellationToken::new(),
         flow: Flow::Forward,
     }
 }
@@ -405,7 +370,6 @@ fn verify_options(
         sample: None,
         reverse: false,
         max_retries: MAX_RETRIES,
-        stop: CancellationToken::new(),
     })
 }
 
@@ -566,7 +530,6 @@ fn run(a: &cli::RunArgs) -> anyhow::Result<Command> {
         drain_timeout: seconds("--drain-timeout", a.drain_timeout)?,
         exit_when_ready: a.exit_when_ready,
         ready: None,
-        stop: CancellationToken::new(),
         state_dir,
     };
     Ok(Command::Run(Planned { plan, options }))
@@ -683,7 +646,6 @@ fn worker(a: &cli::WorkerArgs, env: &dyn Fn(&str) -> Option<String>) -> anyhow::
             poll: tail_options(&state_dir).poll_interval,
             rejects: state_dir.worker_tail_rejects(&worker_id),
             markers: state_dir.markers(),
-            stop: backfill.stop.child_token(),
         }),
     };
     let options = WorkerOptions {

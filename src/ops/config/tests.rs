@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 use clap::Parser as _;
 
@@ -91,7 +90,6 @@ fn backfill_defaults() -> BackfillOptions {
         from_export: None,
         export_files_in_parallel: 2,
         undo: false,
-        stop: CancellationToken::new(),
         via_import: None,
         import_object_bytes: 32 * 1024 * 1024,
         tail_in_process: false,
@@ -105,7 +103,6 @@ fn tail_defaults() -> TailOptions {
         exit_when_idle: None,
         write_rate: None,
         poll_interval: Duration::from_millis(250),
-        stop: CancellationToken::new(),
         flow: crate::phase::tail::Flow::Forward,
     }
 }
@@ -126,13 +123,11 @@ fn verify_defaults() -> VerifyOptions {
         sample: None,
         reverse: false,
         max_retries: 10,
-        stop: CancellationToken::new(),
     }
 }
 
 fn run_defaults() -> RunOptions {
     RunOptions {
-        stop: CancellationToken::new(),
         state_dir: state(),
         analyze: Some((
             ScanSettings {
@@ -749,10 +744,6 @@ fn worker_takes_the_backfills_options_and_the_fleets() {
     assert_eq!(o.backfill.write_rate, rate("900"));
     // This worker's own rejects file, in its state directory.
     assert_eq!(o.backfill.rejects, state().worker_rejects("w1"));
-    // Stopped by the run's token, as every long-running command.
-    assert!(!o.backfill.stop.is_cancelled());
-    c.common.stop.cancel();
-    assert!(o.backfill.stop.is_cancelled());
 }
 
 #[test]
@@ -781,8 +772,6 @@ fn verify_and_cutover_with_state_read_the_fleet_rollback_refuses_it() {
         (o.worker_id.as_str(), o.lease, o.max_units),
         ("v1", secs(6), 3)
     );
-    c.common.stop.cancel();
-    assert!(o.verify.stop.is_cancelled());
     let cli = Cli::try_parse_from(["rekey", "cutover", PLAN, "--state", "dynamodb://ctl"]).unwrap();
     let c = Config::from_args(cli, &env).unwrap();
     let Command::Cutover(p) = &c.command else {

@@ -103,7 +103,6 @@ async fn scan_all(
         segments: SEGMENTS,
         page_limit: None,
         consistent_read: true,
-        stop: tokio_util::sync::CancellationToken::new(),
     };
     let (sink, shown) = (items.clone(), progress.clone());
     scan::scan(
@@ -111,6 +110,8 @@ async fn scan_all(
         &opts,
         Vec::new(),
         Arc::new(Control::new(None, None)),
+        // The final check reads to the end: the demo ends at a signal.
+        &tokio_util::sync::CancellationToken::new(),
         move |page| {
             let mut all = sink.lock().unwrap_or_else(|e| e.into_inner());
             all.extend(page.items);

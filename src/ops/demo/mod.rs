@@ -232,8 +232,6 @@ async fn load(
 /// tailing until `finish`.
 fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOptions {
     let state_dir = state_dir.clone();
-    // The demo's state is a temporary directory: Ctrl-C ends it outright.
-    let stop = tokio_util::sync::CancellationToken::new();
     RunOptions {
         analyze: Some((scan_settings(), AnalyzeOptions::default())),
         allow_hot_keys: false,
@@ -250,7 +248,6 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             from_export: None,
             export_files_in_parallel: 1,
             undo: false,
-            stop: stop.clone(),
             via_import: None,
             import_object_bytes: crate::core::import::DEFAULT_OBJECT_BYTES,
             tail_in_process: true,
@@ -261,7 +258,6 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             exit_when_idle: None,
             write_rate: None,
             poll_interval: Duration::from_millis(250),
-            stop: stop.clone(),
             flow: crate::phase::tail::Flow::Forward,
         },
         verify: VerifyOptions {
@@ -278,12 +274,10 @@ fn run_options(state_dir: &StateDir, ready: Arc<tokio::sync::Notify>) -> RunOpti
             sample: None,
             reverse: false,
             max_retries: 10,
-            stop: stop.clone(),
         },
         drain_timeout: WAIT,
         exit_when_ready: false,
         ready: Some(ready),
-        stop,
         state_dir,
     }
 }
@@ -389,7 +383,11 @@ impl Demo {
         let ready = Arc::new(tokio::sync::Notify::new());
         let state_dir = StateDir::new(state.path());
         let run_opts = run_options(&state_dir, ready.clone());
-        let run = lifecycle::run(&clients, &plan, &run_opts, progress);
+        // The demo's state is a temporary directory: Ctrl-C ends it
+        // outright (the demo never takes the process's stop), so its run's
+        // stop is never cancelled.
+        let never = tokio_util::sync::CancellationToken::new();
+        let run = lifecycle::run(&clients, &plan, &run_opts, progress, &never);
         tokio::pin!(run);
         tokio::select! {
             r = &mut run => {

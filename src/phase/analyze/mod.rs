@@ -683,7 +683,6 @@ pub async fn read_table(
         segments,
         page_limit: settings.page_limit,
         consistent_read: false,
-        stop: stop.clone(),
     };
     progress.start(read.label, Some(info.item_count));
     let (tx, mut rx) = mpsc::channel::<Page>(segments as usize * 2);
@@ -693,15 +692,23 @@ pub async fn read_table(
         .transpose()
         .map_err(crate::phase::error::InputError)?;
     let control = Arc::new(Control::new(read_rate, None));
+    let scan_stop = stop.clone();
     let scanning = async move {
-        scan::scan(clients, &scan_opts, Vec::new(), control, move |page| {
-            let tx = tx.clone();
-            async move {
-                // A closed channel is a consumer that has enough: not an error.
-                let _ = tx.send(page).await;
-                Ok(())
-            }
-        })
+        scan::scan(
+            clients,
+            &scan_opts,
+            Vec::new(),
+            control,
+            &scan_stop,
+            move |page| {
+                let tx = tx.clone();
+                async move {
+                    // A closed channel is a consumer that has enough: not an error.
+                    let _ = tx.send(page).await;
+                    Ok(())
+                }
+            },
+        )
         .await
     };
     let consuming = async {

@@ -84,10 +84,6 @@ pub struct BackfillOptions {
     pub from_export: Option<String>,
     /// Export data files read at once.
     pub export_files_in_parallel: usize,
-    /// Cancelled (Ctrl-C, SIGTERM): send no more writes, checkpoint the
-    /// written part of the pages in flight, publish a stopped status and
-    /// return `Stopped`.
-    pub stop: CancellationToken,
     /// In place only: remove what the plan added instead (`rekey undo`), with
     /// checkpoints of its own.
     pub undo: bool,
@@ -277,11 +273,16 @@ fn control(
     Ok(Control::new(read_rate, write_rate))
 }
 
+/// Copies every source item into the target. Once `stop` is cancelled
+/// (Ctrl-C, SIGTERM) it sends no more writes, checkpoints the written part of
+/// the pages in flight, publishes a stopped status and returns `Stopped`. The
+/// stop is a parameter, not an option: each caller hands in its own signal.
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &BackfillOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<BackfillReport> {
     check_undo(plan, opts)?;
     import::check_options(plan, opts)?;
@@ -315,7 +316,7 @@ pub async fn run(
         live,
         consumed_rcu: consumed_rcu.clone(),
         direction: opts.undo.then_some(Direction::Undo),
-        stop: opts.stop.clone(),
+        stop: stop.clone(),
         import: import.clone(),
     };
     let segments = if import.as_ref().is_some_and(|s| s.started()) {
@@ -336,7 +337,7 @@ pub async fn run(
         totals,
         expected_items: source.item_count,
     };
-    if opts.stop.is_cancelled() {
+    if stop.is_cancelled() {
         let l = ledger.lock().await;
         return Err(stopped(&l, opts, &source, import.as_deref()));
     }
@@ -345,7 +346,7 @@ pub async fn run(
         Some(sink) => {
             let totals = ledger.lock().await.totals;
             let Some(r) = sink
-                .import(plan, &ledger, books(totals), progress, &opts.stop)
+                .import(plan, &ledger, books(totals), progress, stop)
                 .await?
             else {
                 let l = ledger.lock().await;

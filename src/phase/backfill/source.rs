@@ -196,7 +196,6 @@ impl Drive<'_> {
             segments,
             page_limit,
             consistent_read: false,
-            stop: self.stop.clone(),
         };
         let pages = ScanPages {
             writer: self.writer.clone(),
@@ -215,6 +214,7 @@ impl Drive<'_> {
             &scan_opts,
             starts,
             self.control.clone(),
+            &self.stop,
             move |page: Page| {
                 let pages = pages.clone();
                 async move { pages.page(page).await }

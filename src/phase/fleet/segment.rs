@@ -56,25 +56,31 @@ where
         segments: scan.segments,
         page_limit: scan.page_limit,
         consistent_read: false,
-        stop: scan.stop,
     };
     let page_no = Arc::new(AtomicU64::new(unit.page));
     let done = Arc::new(AtomicBool::new(false));
-    let (pages, finished, stop) = (page_no.clone(), done.clone(), opts.stop.clone());
-    scan::scan(clients, &opts, starts, scan.control, move |page: Page| {
-        let (on_page, pages, finished) = (on_page.clone(), pages.clone(), finished.clone());
-        let stop = stop.clone();
-        async move {
-            let last = page.next.is_none();
-            on_page(page, pages.load(Ordering::SeqCst)).await?;
-            pages.fetch_add(1, Ordering::SeqCst);
-            // After a stop the last page may have committed only its written
-            // part: the unit is through only if the checkpoint says so, and
-            // a stopped unit is released either way.
-            finished.store(last && !stop.is_cancelled(), Ordering::SeqCst);
-            Ok(())
-        }
-    })
+    let (pages, finished, stop) = (page_no.clone(), done.clone(), scan.stop.clone());
+    scan::scan(
+        clients,
+        &opts,
+        starts,
+        scan.control,
+        &scan.stop,
+        move |page: Page| {
+            let (on_page, pages, finished) = (on_page.clone(), pages.clone(), finished.clone());
+            let stop = stop.clone();
+            async move {
+                let last = page.next.is_none();
+                on_page(page, pages.load(Ordering::SeqCst)).await?;
+                pages.fetch_add(1, Ordering::SeqCst);
+                // After a stop the last page may have committed only its written
+                // part: the unit is through only if the checkpoint says so, and
+                // a stopped unit is released either way.
+                finished.store(last && !stop.is_cancelled(), Ordering::SeqCst);
+                Ok(())
+            }
+        },
+    )
     .await?;
     Ok(done.load(Ordering::SeqCst))
 }

@@ -46,7 +46,6 @@ pub struct FleetTailOptions {
     pub rejects: PathBuf,
     /// Its probes' rounds in flight (crate::state::markers).
     pub markers: crate::state::markers::Ledger,
-    pub stop: CancellationToken,
 }
 
 /// What this worker's tail did.
@@ -91,8 +90,10 @@ struct Ctx {
     markers: crate::state::markers::Ledger,
 }
 
-/// Runs this worker's share of the tail until a stop or, with
-/// `exit_when_idle`, until the fleet's tail is caught up and quiet.
+/// Runs this worker's share of the tail until `stop` or, with
+/// `exit_when_idle`, until the fleet's tail is caught up and quiet. Each
+/// shard holder stops through a child of `stop` (and alone, when its lease
+/// is lost).
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
@@ -100,6 +101,7 @@ pub async fn run(
     held: Arc<Holdings<ShardKey>>,
     control: Arc<Control>,
     opts: &FleetTailOptions,
+    stop: &CancellationToken,
 ) -> anyhow::Result<FleetTailReport> {
     let info = clients.describe_table(&plan.source_table).await?;
     info.check_key(&plan.source_key, "source")?;
@@ -121,7 +123,7 @@ pub async fn run(
         markers: opts.markers.clone(),
     });
     let mut tasks: JoinSet<(String, anyhow::Result<bool>)> = JoinSet::new();
-    let result = schedule(&ctx, opts, &mut tasks).await;
+    let result = schedule(&ctx, opts, stop, &mut tasks).await;
     ctx.held.cancel_all();
     while let Some(r) = tasks.join_next().await {
         if let Err(e) = ended(&ctx, r).await
@@ -142,16 +144,17 @@ pub async fn run(
 async fn schedule(
     ctx: &Arc<Ctx>,
     opts: &FleetTailOptions,
+    stop: &CancellationToken,
     tasks: &mut JoinSet<(String, anyhow::Result<bool>)>,
 ) -> anyhow::Result<()> {
     let every = ctx.held.duration / BEATS_PER_LEASE;
     let mut observer: Observer<String> = Observer::default();
     let mut quiet = Quiet::default();
     loop {
-        if opts.stop.is_cancelled() {
+        if stop.is_cancelled() {
             return Ok(());
         }
-        match turn(ctx, opts, &mut observer, tasks).await {
+        match turn(ctx, opts, stop, &mut observer, tasks).await {
             Ok(_) if ctx.seen.lock().is_ok_and(|s| s.finished) => {
                 tracing::info!("the migration is finished (rekey finish): the tail stops");
                 return Ok(());
@@ -167,7 +170,7 @@ async fn schedule(
             Err(e) => return Err(e),
         }
         let ended_now = tokio::select! {
-            () = opts.stop.cancelled() => None,
+            () = stop.cancelled() => None,
             () = tokio::time::sleep(every) => None,
             Some(r) = tasks.join_next() => Some(r),
         };
@@ -183,6 +186,7 @@ async fn schedule(
 async fn turn(
     ctx: &Arc<Ctx>,
     opts: &FleetTailOptions,
+    stop: &CancellationToken,
     observer: &mut Observer<String>,
     tasks: &mut JoinSet<(String, anyhow::Result<bool>)>,
 ) -> anyhow::Result<Vec<ShardUnit>> {
@@ -251,7 +255,7 @@ async fn turn(
         .filter(|k| shard_state::may_apply(&shards, &k.0))
         .count();
     for (u, beat) in candidates {
-        if busy >= want || opts.stop.is_cancelled() {
+        if busy >= want || stop.is_cancelled() {
             break;
         }
         if shard_state::unheld_past_retention(u, wall_ms()) {
@@ -269,7 +273,7 @@ async fn turn(
         };
         tracing::info!(shard = %u.id, lease = l, taken_over = beat.is_some(), "shard taken");
         busy += usize::from(shard_state::may_apply(&shards, &u.id));
-        let token = opts.stop.child_token();
+        let token = stop.child_token();
         ctx.held
             .insert(ShardKey(u.id.clone()), l, sent, token.clone());
         let (c, unit) = (ctx.clone(), u.clone());

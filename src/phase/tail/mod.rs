@@ -60,10 +60,6 @@ pub struct TailOptions {
     pub exit_when_idle: Option<Duration>,
     pub write_rate: Option<f64>,
     pub poll_interval: Duration,
-    /// Cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping): abandon the
-    /// read in hand (uncommitted, applied again on resume), publish a
-    /// stopped status and return `Stopped`.
-    pub stop: CancellationToken,
     /// Source → target (`rekey tail`) or target → source (`rekey reverse`).
     pub flow: Flow,
 }
@@ -324,11 +320,17 @@ struct Tail<'a> {
     relist: bool,
 }
 
+/// Tails the stream until `stop` (or, with `exit_when_idle`, until idle).
+/// Once `stop` is cancelled (Ctrl-C, SIGTERM, or `rekey run` stopping) it
+/// abandons the read in hand (uncommitted, applied again on resume),
+/// publishes a stopped status and returns `Stopped`. The stop is a
+/// parameter: `rekey run` hands its tail a child of its own.
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &TailOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<TailReport> {
     let flow = opts.flow;
     if flow == Flow::Reverse {
@@ -341,7 +343,7 @@ pub async fn run(
         Flow::Forward => None,
         Flow::Reverse => {
             let drawn = line::ensure(clients, plan, &opts.state_dir, LINE_TIMEOUT);
-            let Some(drawn) = opts.stop.run_until_cancelled(drawn).await else {
+            let Some(drawn) = stop.run_until_cancelled(drawn).await else {
                 return Err(Stopped.into());
             };
             Some(drawn?)
@@ -367,14 +369,14 @@ pub async fn run(
             // `rekey finish` drained the tail before it wrote this.
             break;
         }
-        if opts.stop.is_cancelled() {
+        if stop.is_cancelled() {
             break;
         }
         // A stop abandons the work in hand wherever it waits (the write
         // budget, a backoff): its checkpoint is not committed, so its records
         // are applied again on resume, in order, as after kill -9.
         if t.backfill_done() && !t.drained()? {
-            let Some(drained) = opts.stop.run_until_cancelled(t.drain_buffer()).await else {
+            let Some(drained) = stop.run_until_cancelled(t.drain_buffer()).await else {
                 break;
             };
             drained?;
@@ -386,7 +388,7 @@ pub async fn run(
         let listed = began.elapsed();
         let mut got_any = false;
         let fetched = t.fetch_all(&stream, &turn, &mut iterators);
-        let Some(fetched) = opts.stop.run_until_cancelled(fetched).await else {
+        let Some(fetched) = stop.run_until_cancelled(fetched).await else {
             break;
         };
         let read = began.elapsed();
@@ -395,7 +397,7 @@ pub async fn run(
                 continue;
             };
             let commit = t.commit(&turn, shard, page, &mut iterators);
-            let Some(got) = opts.stop.run_until_cancelled(commit).await else {
+            let Some(got) = stop.run_until_cancelled(commit).await else {
                 break;
             };
             got_any |= got?;
@@ -404,13 +406,13 @@ pub async fn run(
             // status goes out as it goes (at most about once a second).
             t.publish(&turn, progress, true)?;
         }
-        if opts.stop.is_cancelled() {
+        if stop.is_cancelled() {
             break;
         }
         // Busy: about once a second. Idle: every turn, so the last word is current.
         t.publish(&turn, progress, got_any)?;
         let applied = began.elapsed();
-        if let Some(probed) = opts.stop.run_until_cancelled(t.probe(&turn)).await {
+        if let Some(probed) = stop.run_until_cancelled(t.probe(&turn)).await {
             probed?;
         }
         tracing::debug!(
@@ -434,7 +436,7 @@ pub async fn run(
             }
             tokio::select! {
                 () = tokio::time::sleep(opts.poll_interval) => {}
-                () = opts.stop.cancelled() => {}
+                () = stop.cancelled() => {}
             }
         }
     }
@@ -451,7 +453,7 @@ pub async fn run(
         last.updated_at = time(now_secs());
         snapshot::publish(&path, &last)?;
     }
-    if opts.stop.is_cancelled() && !opts.state_dir.is_finished() {
+    if stop.is_cancelled() && !opts.state_dir.is_finished() {
         return Err(Stopped.into());
     }
     Ok(t.report)

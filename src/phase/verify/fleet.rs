@@ -311,6 +311,7 @@ fn fleet_ctx(
     opts: &VerifyOptions,
     tables: &Tables,
     fleet: Fleet,
+    stop: &CancellationToken,
 ) -> anyhow::Result<Arc<Ctx>> {
     let own = StateDir::new(opts.state_dir.root().join("verify-fleet"));
     let store = StateStore::open(&own.verify_store(), plan)?;
@@ -319,6 +320,7 @@ fn fleet_ctx(
         clients: clients.clone(),
         plan: plan.clone(),
         opts: opts.clone(),
+        stop: stop.clone(),
         src: Arc::new(Control::new(tables.src_rate, None)),
         tgt: Arc::new(Control::new(tables.tgt_rate, None)),
         ledger: Mutex::new(Ledger {
@@ -340,13 +342,14 @@ fn fleet_ctx(
 }
 
 /// Runs one of the fleet verify's processes until every unit is done (the
-/// verdict read back from `VERIFY`), or a stop (its pages in flight
+/// verdict read back from `VERIFY`), or `stop` (its pages in flight
 /// committed, its leases released, then [`Stopped`]).
 pub async fn run_fleet(
     clients: &Clients,
     plan: &Plan,
     opts: &FleetVerifyOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<VerifyReport> {
     let v = &opts.verify;
     check_inputs(plan, v)?;
@@ -370,7 +373,7 @@ pub async fn run_fleet(
         opts.fleet.display(),
         2 * segments
     ));
-    let ctx = fleet_ctx(clients, plan, v, &t, fleet.clone())?;
+    let ctx = fleet_ctx(clients, plan, v, &t, fleet.clone(), stop)?;
     let shared = Shared::new(fleet, opts.lease);
     let drive = Arc::new(VerifyDrive {
         ctx: ctx.clone(),
@@ -380,7 +383,7 @@ pub async fn run_fleet(
     });
     let leasing = Leasing {
         max_units: opts.max_units,
-        stop: v.stop.clone(),
+        stop: stop.clone(),
     };
     let budgets = Budgets {
         read: t.src_rate,

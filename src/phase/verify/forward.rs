@@ -50,6 +50,7 @@ where
         &scan_opts(ctx, table, segments),
         starts,
         control,
+        &ctx.stop,
         move |page: Page| on_page(c.clone(), page),
     )
     .await

@@ -14,13 +14,14 @@ use std::sync::{Arc, Mutex};
 
 use chrono::Utc;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use crate::aws::rate::Control;
 use crate::aws::scan::{self, ScanOptions};
 use crate::aws::{Clients, TableInfo, item};
 use crate::core::plan::Plan;
 use crate::core::value::Item;
-use crate::phase::error::InputError;
+use crate::phase::error::{InputError, Stopped};
 use crate::phase::inplace::{check_item, retried};
 use crate::phase::progress::Progress;
 use crate::state::snapshot::{Counts, VerifyResult};
@@ -37,11 +38,16 @@ pub struct InPlaceVerifyReport {
     pub notes: Vec<String>,
 }
 
+/// Verifies the table in place. Once `stop` is cancelled (Ctrl-C, SIGTERM)
+/// the scan reads no new page, the re-check is abandoned, nothing is
+/// published, and it returns `Stopped` (a rerun starts over: an in-place
+/// verify keeps no checkpoint).
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &VerifyOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<InPlaceVerifyReport> {
     let started_at = Utc::now();
     let table = clients.describe_table(&plan.source_table).await?;
@@ -59,17 +65,21 @@ pub async fn run(
         table: &table,
         read_rate,
         candidates: opts.state_dir.in_place_candidates(),
+        stop,
     };
     progress.start("verify", Some(table.item_count));
     let mut c = pass.scan(progress).await?;
     progress.finish();
+    if stop.is_cancelled() {
+        return Err(Stopped.into());
+    }
     let scanned_by = Utc::now();
     let mut notes = Vec::new();
     let mismatches_path = opts.state_dir.mismatches();
     let mut mismatches = std::io::BufWriter::new(std::fs::File::create(&mismatches_path)?);
     let resolved = if c.pending > 0 {
-        pass.recheck(scanned_by, &mut c, &mut notes, &mut mismatches)
-            .await?
+        let recheck = pass.recheck(scanned_by, &mut c, &mut notes, &mut mismatches);
+        stop.run_until_cancelled(recheck).await.ok_or(Stopped)??
     } else {
         0
     };
@@ -105,6 +115,7 @@ struct Pass<'a> {
     read_rate: Option<f64>,
     /// Keys of the items that differed in the scan, one JSON line each.
     candidates: PathBuf,
+    stop: &'a CancellationToken,
 }
 
 impl Pass<'_> {
@@ -122,7 +133,6 @@ impl Pass<'_> {
                 .unwrap_or_else(|| scan::default_segments(self.table.size_bytes, 4)),
             page_limit: self.opts.page_limit,
             consistent_read: false,
-            stop: tokio_util::sync::CancellationToken::new(),
         };
         let plan = Arc::new(self.plan.clone());
         let (file, tally, progress) = (candidates.clone(), counts.clone(), progress.clone());
@@ -131,6 +141,7 @@ impl Pass<'_> {
             &scan_opts,
             Vec::new(),
             Arc::new(Control::new(self.read_rate, None)),
+            self.stop,
             move |page| {
                 let (plan, candidates, counts, progress) =
                     (plan.clone(), file.clone(), tally.clone(), progress.clone());

@@ -102,9 +102,6 @@ pub struct VerifyOptions {
     /// `--reverse`: the source against inverse(target) ([`run_reverse`]).
     pub reverse: bool,
     pub max_retries: u32,
-    /// Cancelled (Ctrl-C, SIGTERM, `rekey run` stopping): checkpoint and
-    /// return `Stopped`; a rerun resumes.
-    pub stop: CancellationToken,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,6 +316,8 @@ struct Ctx {
     clients: Clients,
     plan: Plan,
     opts: VerifyOptions,
+    /// The run's stop, handed to [`run`] (or [`fleet::run_fleet`]).
+    stop: CancellationToken,
     src: Arc<Control>,
     tgt: Arc<Control>,
     ledger: Mutex<Ledger>,
@@ -521,11 +520,15 @@ async fn tables(clients: &Clients, plan: &Plan, opts: &VerifyOptions) -> anyhow:
     })
 }
 
+/// Verifies both ways (or a sample forwards). Once `stop` is cancelled
+/// (Ctrl-C, SIGTERM, `rekey run` stopping) it checkpoints and returns
+/// `Stopped`; a rerun resumes.
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &VerifyOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<VerifyReport> {
     check_inputs(plan, opts)?;
     let started = Instant::now();
@@ -543,6 +546,7 @@ pub async fn run(
         clients: clients.clone(),
         plan: plan.clone(),
         opts: opts.clone(),
+        stop: stop.clone(),
         src: Arc::new(Control::new(src_rate, None)),
         tgt: Arc::new(Control::new(tgt_rate, Some(opts.write_rate))),
         ledger: Mutex::new(Ledger {
@@ -756,13 +760,13 @@ fn spawn_ticker(ctx: Arc<Ctx>, progress: Progress, log: PathBuf) -> tokio::task:
     })
 }
 
-/// The steps from where the last run stopped. A stop (`opts.stop`) ends
+/// The steps from where the last run stopped. A stop (`ctx.stop`) ends
 /// any step at once: a scan pass abandons its pages in flight (each page's
 /// comparison commits with its checkpoint, so an abandoned page is read
 /// again), a re-check its round or its wait; everything settled so far is
 /// checkpointed, and a rerun goes on from the step it was in.
 async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
-    let stop = ctx.opts.stop.clone();
+    let stop = ctx.stop.clone();
     loop {
         ctx.set_phase(meta.phase);
         let next = tokio::select! {
@@ -829,7 +833,6 @@ fn scan_opts(ctx: &Ctx, table: &str, segments: u32) -> ScanOptions {
         segments,
         page_limit: ctx.opts.page_limit,
         consistent_read: false,
-        stop: ctx.opts.stop.clone(),
     }
 }
 

@@ -23,6 +23,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use chrono::Utc;
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::aws::Clients;
 use crate::aws::item::{GET_BATCH, batch_get};
@@ -77,12 +78,14 @@ impl Shared {
     }
 }
 
-/// Verify the source against inverse(target); see the module docs.
+/// Verify the source against inverse(target); see the module docs. Once
+/// `stop` is cancelled no pass reads another page, and it returns `Stopped`.
 pub async fn run_reverse(
     clients: &Clients,
     plan: &Plan,
     opts: &VerifyOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<VerifyReport> {
     let started_at = Utc::now();
     let started = Instant::now();
@@ -104,7 +107,6 @@ pub async fn run_reverse(
             segments: opts.segments.unwrap_or(4),
             page_limit: opts.page_limit,
             consistent_read: false,
-            stop: opts.stop.clone(),
         };
         let s = shared.clone();
         scan::scan(
@@ -112,6 +114,7 @@ pub async fn run_reverse(
             &scan_opts,
             Vec::new(),
             shared.control(table).clone(),
+            stop,
             move |page| {
                 let s = s.clone();
                 async move { check_page(&s, page, backwards).await }
@@ -119,7 +122,7 @@ pub async fn run_reverse(
         )
         .await?;
     }
-    if opts.stop.is_cancelled() {
+    if stop.is_cancelled() {
         return Err(Stopped.into());
     }
     let Found {

@@ -51,7 +51,7 @@ pub use tail_mark::{publish_final, publish_tail};
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// Rates, page size, `--segments` (when this worker creates the
-    /// migration), the rejects file (this worker's own), the stop token.
+    /// migration), the rejects file (this worker's own).
     pub backfill: BackfillOptions,
     pub fleet: FleetRef,
     pub worker_id: String,
@@ -169,13 +169,16 @@ fn refuse_unsupported(plan: &Plan, opts: &WorkerOptions) -> anyhow::Result<()> {
     }
 }
 
-/// Runs one worker until every unit is done (Ok, `backfill_done`) or a stop
+/// Runs one worker until every unit is done (Ok, `backfill_done`) or `stop`
 /// (its pages in flight committed, its leases released, then [`Stopped`]).
+/// With `--tail`, the tail stops through a child of `stop`: a failed
+/// backfill stops the tail alone.
 pub async fn run(
     clients: &Clients,
     plan: &Plan,
     opts: &WorkerOptions,
     progress: &Progress,
+    stop: &CancellationToken,
 ) -> anyhow::Result<WorkerReport> {
     refuse_unsupported(plan, opts)?;
     let started = Instant::now();
@@ -241,8 +244,9 @@ pub async fn run(
     progress.start("worker", Some(source.item_count));
     let leasing = Leasing {
         max_units: opts.max_units,
-        stop: opts.backfill.stop.clone(),
+        stop: stop.clone(),
     };
+    let tail_stop = stop.child_token();
     // `--tail`: the stream's shards beside the units, under the same
     // heartbeat; the tail runs on once the backfill is done.
     let beside = opts.tail.as_ref().map(|t| Beside {
@@ -253,8 +257,9 @@ pub async fn run(
             shared.shards.clone(),
             control.clone(),
             t,
+            &tail_stop,
         ),
-        stop: t.stop.clone(),
+        stop: tail_stop.clone(),
     });
     let (outcome, tail) = lead(
         &shared,
@@ -286,7 +291,7 @@ pub async fn run(
         control_calls: shared.fleet.control.calls(),
         tail,
     };
-    if !done || (opts.tail.is_some() && opts.backfill.stop.is_cancelled()) {
+    if !done || (opts.tail.is_some() && stop.is_cancelled()) {
         return Err(Stopped.into());
     }
     Ok(report)

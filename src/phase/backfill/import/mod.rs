@@ -516,7 +516,6 @@ mod tests {
     use crate::core::plan::{KeyAttr, KeySchema};
     use crate::core::value::ScalarType;
     use crate::state::StateDir;
-    use tokio_util::sync::CancellationToken;
 
     fn options(dir: &std::path::Path, tail_in_process: bool) -> BackfillOptions {
         let state_dir = StateDir::new(dir);
@@ -532,7 +531,6 @@ mod tests {
             max_retries: 1,
             from_export: None,
             export_files_in_parallel: 1,
-            stop: CancellationToken::new(),
             undo: false,
             via_import: Some("s3://b/p".into()),
             import_object_bytes: objects::DEFAULT_OBJECT_BYTES,
