@@ -308,8 +308,10 @@ struct Tail<'a> {
     published: Option<Instant>,
     /// The instant before which every write is applied, as last published.
     proven: Option<f64>,
-    /// When the tail last wrote a probe's markers.
+    /// When the tail last started a probe.
     probed: Option<Instant>,
+    /// The probe being written, off the turn ([`Tail::probe`]).
+    probing: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     /// Guarded: the echo ledgers (`guard`), opened when first needed.
     echoes: Option<crate::state::echoes::Echoes>,
     /// Backwards: where the reverse tail starts ([`line`]).
@@ -412,9 +414,7 @@ pub async fn run(
         // Busy: about once a second. Idle: every turn, so the last word is current.
         t.publish(&turn, progress, got_any)?;
         let applied = began.elapsed();
-        if let Some(probed) = stop.run_until_cancelled(t.probe(&turn)).await {
-            probed?;
-        }
+        t.probe(&turn).await?;
         tracing::debug!(
             ?flow,
             shards = turn.shards.len(),
@@ -442,6 +442,10 @@ pub async fn run(
     }
     progress.finish();
     // A probe the stop cut short must not leave markers in the application's table.
+    if let Some(probing) = t.probing.take() {
+        probing.abort();
+        let _ = probing.await;
+    }
     match tokio::time::timeout(SWEEP_ON_STOP, t.sweep_probes()).await {
         Ok(swept) => swept?,
         Err(_) => tracing::warn!("probe markers not yet swept: the next run sweeps them"),
@@ -535,6 +539,7 @@ impl<'a> Tail<'a> {
             published: None,
             proven: None,
             probed: None,
+            probing: None,
             echoes: None,
             line: None,
             listing: None,
@@ -728,10 +733,18 @@ const GUARDED_PAGE: i32 = 100;
 const SWEEP_ON_STOP: Duration = Duration::from_secs(5);
 
 impl Tail<'_> {
-    /// A probe, when the proof is old and the last probe is too.
+    /// A probe, when the proof is old and no probe is in flight or recent.
+    /// Its markers are written by a task of its own, off the turn: a round
+    /// over tens of shards against throttled partitions takes seconds, and
+    /// written within the turn it held every shard's reading up that long,
+    /// so the least fresh shard fell further behind than the probe helped.
     async fn probe(&mut self, turn: &Turn) -> anyhow::Result<()> {
+        if let Some(probing) = self.probing.take_if(|p| p.is_finished()) {
+            probing.await.map_err(anyhow::Error::new)??;
+        }
         let key = self.opts.flow.read_key(self.plan);
-        if key.partition_key.ty == crate::core::value::ScalarType::N
+        if self.probing.is_some()
+            || key.partition_key.ty == crate::core::value::ScalarType::N
             || !(self.drained()? && self.backfill_done())
         {
             return Ok(());
@@ -749,20 +762,26 @@ impl Tail<'_> {
             .iter()
             .filter(|s| !turn.finished.contains(&s.id))
             .count();
-        let id = crate::phase::markers::new_probe_id();
+        let clients = self.clients.clone();
+        let key = key.clone();
+        let table = self.opts.flow.read_table(self.plan).to_string();
         let ledger = self.opts.state_dir.markers();
-        let markers = crate::phase::markers::Markers {
-            clients: self.clients,
-            key,
-            table: self.opts.flow.read_table(self.plan),
-            id: &id,
-            started_at: now,
-            ledger: &ledger,
-        };
-        let n = markers
-            .round(0, crate::phase::markers::round_size(open))
-            .await?;
-        tracing::debug!(probe = %id, markers = n, "probe written");
+        self.probing = Some(tokio::spawn(async move {
+            let id = crate::phase::markers::new_probe_id();
+            let markers = crate::phase::markers::Markers {
+                clients: &clients,
+                key: &key,
+                table: &table,
+                id: &id,
+                started_at: now,
+                ledger: &ledger,
+            };
+            let n = markers
+                .round(0, crate::phase::markers::round_size(open))
+                .await?;
+            tracing::debug!(probe = %id, markers = n, "probe written");
+            Ok(())
+        }));
         Ok(())
     }
 
