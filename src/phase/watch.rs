@@ -118,26 +118,26 @@ impl Watch {
             .filter(|(_, w)| !w.finished)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in ids {
+        let work: Vec<(String, Option<String>, Option<String>)> = ids
+            .into_iter()
+            .map(|id| {
+                let w = self.shards.get_mut(&id).expect("listed above");
+                (id, w.iterator.take(), w.seq.clone())
+            })
+            .collect();
+        let pages = self.fetch_all(work).await;
+        for (id, page) in pages {
             let w = self.shards.get_mut(&id).expect("listed above");
-            let it = match w.iterator.take() {
-                Some(i) => i,
-                None => {
-                    let start = w.seq.as_deref().map_or(Start::TrimHorizon, Start::After);
-                    streams::shard_iterator(&self.clients, &self.stream, &id, start).await?
+            let page = match page {
+                Ok(p) => p,
+                // An expired iterator is re-made from the last record read;
+                // one that never read a record started at LATEST, which
+                // cannot be re-made: the watch has a gap.
+                Err(ReadError::Expired) if w.seq.is_some() => continue,
+                Err(e) => {
+                    return Err(anyhow::Error::from(e).context(format!("watching shard {id}")));
                 }
             };
-            let page =
-                match streams::get_records(&self.clients, &self.stream, &it, streams::PAGE).await {
-                    Ok(p) => p,
-                    // An expired iterator is re-made from the last record read;
-                    // one that never read a record started at LATEST, which
-                    // cannot be re-made: the watch has a gap.
-                    Err(ReadError::Expired) if w.seq.is_some() => continue,
-                    Err(e) => {
-                        return Err(anyhow::Error::from(e).context(format!("watching shard {id}")));
-                    }
-                };
             for r in page.records {
                 w.seq = Some(r.seq);
                 if let Some(at) = r.created_at {
@@ -174,6 +174,37 @@ impl Watch {
         Ok(touches)
     }
 
+    /// One page of each shard of `work` (id, iterator, last record read),
+    /// [`FETCHES`] at a time. Read one after another, a poll over tens of
+    /// open shards (DynamoDB: one per partition, more after splits) took
+    /// seconds, and verify's re-check waited on the least fresh of them.
+    async fn fetch_all(
+        &self,
+        work: Vec<(String, Option<String>, Option<String>)>,
+    ) -> Vec<(String, Result<streams::Page, ReadError>)> {
+        use futures::stream::{self as fs, StreamExt as _};
+        fs::iter(work)
+            .map(|(id, iterator, seq)| async move {
+                let it = match iterator {
+                    Some(i) => i,
+                    None => {
+                        let start = seq.as_deref().map_or(Start::TrimHorizon, Start::After);
+                        match streams::shard_iterator(&self.clients, &self.stream, &id, start).await
+                        {
+                            Ok(i) => i,
+                            Err(e) => return (id, Err(ReadError::Aws(e))),
+                        }
+                    }
+                };
+                let page =
+                    streams::get_records(&self.clients, &self.stream, &it, streams::PAGE).await;
+                (id, page)
+            })
+            .buffered(FETCHES)
+            .collect()
+            .await
+    }
+
     /// Every write created before this instant (seconds since the epoch) has
     /// been read: the least proof over the leaf shards (an empty page proves
     /// nothing; [`streams::through`]). None until every leaf has shown a record.
@@ -195,6 +226,10 @@ impl Watch {
         self.shards.values().filter(|w| !w.finished).count()
     }
 }
+
+/// GetRecords a poll has in flight at once (DynamoDB allows 5 a second per
+/// shard; a poll reads each shard once), as the tail's turn does.
+const FETCHES: usize = 16;
 
 /// How often a poll lists the stream's shards.
 const DESCRIBE_EVERY_SECONDS: f64 = 1.0;

@@ -157,6 +157,12 @@ struct World {
 /// Ids the application writes: some beyond the seed, so some are new.
 const IDS: u64 = 400;
 
+/// How long `run` may take to be ready for cutover before the trial calls it
+/// hung. A bound for a hang, not a speed test: two trials at once on two
+/// cores, with a build beside them, took over 120 s (their tails 16 s behind,
+/// `run`'s verify waiting on them), as no trial alone did.
+const READY_WITHIN: Duration = Duration::from_secs(300);
+
 async fn trial(seed: u64) -> Result<String, String> {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let knobs = Knobs::draw(&mut rng);
@@ -438,10 +444,11 @@ impl World {
             if phase == "ready_for_cutover" {
                 return Ok(());
             }
-            if started.elapsed() > Duration::from_secs(120) {
+            if started.elapsed() > READY_WITHIN {
                 let status = String::from_utf8_lossy(&out.stdout).to_string();
                 return Err(format!(
-                    "not ready for cutover after 120 s: {status}; run: {}",
+                    "not ready for cutover after {} s: {status}; run: {}",
+                    READY_WITHIN.as_secs(),
                     self.run_log()
                 ));
             }
