@@ -24,14 +24,14 @@ use crate::core::plan::{KeyAttr, KeySchema};
 use crate::core::value::{Item, ScalarType, Value};
 
 pub mod control;
-pub mod endpoint;
+pub(crate) mod endpoint;
 pub mod export;
-pub mod import;
+pub(crate) mod import;
 pub mod item;
-pub mod query;
+pub(crate) mod query;
 pub mod rate;
-pub mod retry;
-pub mod scan;
+pub(crate) mod retry;
+pub(crate) mod scan;
 pub mod streams;
 pub mod write;
 

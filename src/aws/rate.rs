@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use crate::aws::AwsError;
 use crate::aws::retry::{backoff, jitter};
 
-pub mod adapt;
-pub mod keys;
+pub(crate) mod adapt;
+pub(crate) mod keys;
 
 pub use adapt::{Adaptive, Recent};
 

@@ -10,16 +10,16 @@
 //! sled takes an exclusive file lock: a second process driving the same plan
 //! gets [`StateError::Locked`] instead of corrupting the first one's progress.
 
-pub mod claims;
-pub mod control;
-pub mod dir;
-pub mod echoes;
+pub(crate) mod claims;
+pub(crate) mod control;
+pub(crate) mod dir;
+pub(crate) mod echoes;
 pub mod fleet;
-pub mod itemfile;
+pub(crate) mod itemfile;
 pub mod markers;
-pub mod rejects;
-pub mod snapshot;
-pub mod spill;
+pub(crate) mod rejects;
+pub(crate) mod snapshot;
+pub(crate) mod spill;
 
 pub use dir::StateDir;
 

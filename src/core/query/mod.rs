@@ -15,12 +15,12 @@
 //! and why paging neither repeats nor skips an item while the table changes,
 //! is in `docs/read-path.md`.
 
-pub mod cursor;
-pub mod keys;
+pub(crate) mod cursor;
+pub(crate) mod keys;
 #[cfg(test)]
 mod memory;
-pub mod merge;
-pub mod range;
+pub(crate) mod merge;
+pub(crate) mod range;
 
 #[cfg(test)]
 mod tests;

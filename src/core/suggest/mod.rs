@@ -21,9 +21,9 @@
 //! The parts: `shape` (delimiters, literal or variable segments, capture
 //! names, times), `shard` (the count), `render` (the plan's TOML).
 
-pub mod render;
-pub mod shape;
-pub mod shard;
+pub(crate) mod render;
+pub(crate) mod shape;
+pub(crate) mod shard;
 
 use std::collections::HashMap;
 

@@ -251,7 +251,7 @@ pub const IMPORT_ON_BEHALF: &[&str] = &[
 use crate::core::marker::MARKER_PREFIX;
 
 /// Statement ids, one per purpose.
-pub mod sid {
+pub(crate) mod sid {
     pub const SOURCE: &str = "SourceTable";
     pub const TARGET: &str = "TargetTable";
     /// In place: the source is the target.

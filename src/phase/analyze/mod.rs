@@ -8,7 +8,7 @@
 //! Everything is exact: collisions are found by an external sort-aggregate over
 //! every target key, not sampled; cardinalities are counts of distinct keys.
 
-pub mod render;
+pub(crate) mod render;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};

@@ -31,7 +31,7 @@
 //! Invariant: a barrier is complete only after every change written to the
 //! source before its start has been applied to the target.
 
-pub mod fleet;
+pub(crate) mod fleet;
 
 use std::time::Duration;
 

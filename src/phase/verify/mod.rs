@@ -56,9 +56,9 @@ use crate::state::{StateDir, StateStore};
 /// Keys per BatchGetItem call (DynamoDB's limit).
 use crate::aws::item::batch_get;
 
-pub mod fleet;
+pub(crate) mod fleet;
 mod forward;
-pub mod inplace;
+pub(crate) mod inplace;
 mod ledger;
 mod orphans;
 mod recheck;

@@ -31,12 +31,12 @@
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`
 //! ([`claims`]).
 
-pub mod claims;
-pub mod export;
-pub mod held;
-pub mod lease;
+pub(crate) mod claims;
+pub(crate) mod export;
+pub(crate) mod held;
+pub(crate) mod lease;
 pub mod shard;
-pub mod verify;
+pub(crate) mod verify;
 
 use std::collections::BTreeMap;
 
