@@ -214,7 +214,8 @@ impl KeyRates {
     }
 
     /// Keys counted and keys limited: what memory holds.
-    pub fn sizes(&self) -> (usize, usize) {
+    #[cfg(test)]
+    pub(crate) fn sizes(&self) -> (usize, usize) {
         let k = self.lock();
         (k.seen.len(), k.limited.len())
     }

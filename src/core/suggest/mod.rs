@@ -98,10 +98,6 @@ impl Sample {
         self.keys.len() as u64 + self.non_string
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     pub fn keys(&self) -> &[SampledKey] {
         &self.keys
     }

@@ -489,10 +489,6 @@ impl<'p> Analyzer<'p> {
         self.consumed_rcu += rcu;
     }
 
-    pub fn scanned(&self) -> u64 {
-        self.scanned
-    }
-
     pub fn add(&mut self, item: &Item) -> anyhow::Result<()> {
         self.scanned += 1;
         let plan = self.plan;
