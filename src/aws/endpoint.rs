@@ -38,7 +38,7 @@ pub enum Service {
 
 impl Service {
     /// What a missing resource of this service is called in messages.
-    pub fn resource_kind(self) -> &'static str {
+    pub(crate) fn resource_kind(self) -> &'static str {
         match self {
             Service::DynamoDb => "table",
             Service::Streams => "stream",
@@ -206,7 +206,7 @@ fn aws_default(service: Service, region: &str) -> String {
 
 /// Whether the URL's host is AWS's (`*.amazonaws.com`, `*.amazonaws.com.cn`,
 /// `*.api.aws`) rather than a local server or an emulator.
-pub fn is_aws_host(url: &str) -> bool {
+pub(crate) fn is_aws_host(url: &str) -> bool {
     let host = host_of(url).trim_end_matches('.').to_ascii_lowercase();
     ["amazonaws.com", "amazonaws.com.cn", "api.aws"]
         .iter()

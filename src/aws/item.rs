@@ -84,7 +84,7 @@ pub struct Expressions {
 
 /// A conditional UpdateItem: the capacity it consumed, or None when its
 /// condition failed (nothing was written).
-pub async fn update_item_if(
+pub(crate) async fn update_item_if(
     clients: &Clients,
     table: &str,
     key: &Item,

@@ -26,14 +26,14 @@ pub struct ShardInfo {
 
 /// Sequence numbers are decimal strings of up to 40 digits: compared (and
 /// sorted as keys) by padding to a fixed width, never as text of varying width.
-pub fn seq_key(seq: &str) -> String {
+pub(crate) fn seq_key(seq: &str) -> String {
     format!("{seq:0>40}")
 }
 
 /// Shards whose records may be read now: not finished, and whose parent is
 /// finished or unknown (trimmed away). Children after parents is what keeps
 /// per-item order across splits.
-pub fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
+pub(crate) fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
     let known: HashSet<&str> = shards.iter().map(|s| s.id.as_str()).collect();
     shards
         .iter()
@@ -76,7 +76,7 @@ pub const CLOCK_MARGIN_SECONDS: f64 = 1.0;
 /// marker proves its barrier's start (it was written after); any record, its
 /// creation time less the clock margin. An empty page proves nothing: on
 /// DynamoDB an open shard may answer empty while records sit further on.
-pub fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
+pub(crate) fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
     let by_time = created_at - CLOCK_MARGIN_SECONDS;
     marker_started_at.map_or(by_time, |s| s.max(by_time))
 }
@@ -139,7 +139,10 @@ pub fn through(shards: &[ShardThrough]) -> Option<f64> {
 }
 
 /// Lag (seconds behind `now`) of the whole stream and of each shard.
-pub fn lags(shards: &[ShardThrough], now: f64) -> (Option<f64>, HashMap<String, Option<f64>>) {
+pub(crate) fn lags(
+    shards: &[ShardThrough],
+    now: f64,
+) -> (Option<f64>, HashMap<String, Option<f64>>) {
     let per = claims(shards)
         .into_iter()
         .map(|(id, c)| (id, c.map(|c| (now - c).max(0.0))))
@@ -153,7 +156,10 @@ pub fn now_secs() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-pub async fn describe_shards(clients: &Clients, stream: &str) -> Result<Vec<ShardInfo>, AwsError> {
+pub(crate) async fn describe_shards(
+    clients: &Clients,
+    stream: &str,
+) -> Result<Vec<ShardInfo>, AwsError> {
     let mut shards = Vec::new();
     let mut start: Option<String> = None;
     loop {

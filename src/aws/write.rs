@@ -110,7 +110,7 @@ impl Pace for NoPace {
 
 /// What DynamoDB's ThrottlingReasons say: `Keys` when every reason is a key
 /// range's, `Table` when one is anything else, None when there are none.
-pub fn blame_of(reasons: &[String]) -> Option<Blame> {
+pub(crate) fn blame_of(reasons: &[String]) -> Option<Blame> {
     if reasons.is_empty() {
         None
     } else if reasons.iter().all(|r| r.contains("KeyRange")) {
@@ -122,7 +122,7 @@ pub fn blame_of(reasons: &[String]) -> Option<Blame> {
 
 /// Put up to 25 items (distinct keys) under `control`, retrying
 /// UnprocessedItems, throttles and up to `max_retries` transient failures.
-pub async fn write_batch(
+pub(crate) async fn write_batch(
     clients: &Clients,
     table: &str,
     items: &[Item],
@@ -134,7 +134,7 @@ pub async fn write_batch(
 
 /// [`write_batch`], each attempt's items chosen by `pace` too, and each
 /// throttle blamed on the table or the items' keys as `pace` says.
-pub async fn write_batch_paced(
+pub(crate) async fn write_batch_paced(
     clients: &Clients,
     table: &str,
     items: &[impl std::borrow::Borrow<Item>],
@@ -149,7 +149,7 @@ pub async fn write_batch_paced(
 /// Up to 25 puts and deletes, each of a different key (DynamoDB refuses a
 /// batch that names a key twice, and applies a batch's requests in no
 /// order), written as [`write_batch`] writes puts; `refused` is per request.
-pub async fn write_requests(
+pub(crate) async fn write_requests(
     clients: &Clients,
     table: &str,
     writes: &[Write<'_>],

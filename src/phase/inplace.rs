@@ -118,7 +118,7 @@ pub fn plan_update(plan: &Plan, item: &Item) -> Decision {
 /// application wrote itself is left alone. The condition also pins the removed
 /// attributes to the values read. (Attributes a rule `remove`d cannot be
 /// brought back: their old values are gone.)
-pub fn plan_undo(plan: &Plan, item: &Item) -> Decision {
+pub(crate) fn plan_undo(plan: &Plan, item: &Item) -> Decision {
     let (i, out) = match computed(plan, item) {
         Ok(c) => c,
         Err(Decision::Reject(_)) => return Decision::Skip,
@@ -267,7 +267,7 @@ pub enum Direction {
 }
 
 impl Direction {
-    pub fn decide(self, plan: &Plan, item: &Item) -> Decision {
+    pub(crate) fn decide(self, plan: &Plan, item: &Item) -> Decision {
         match self {
             Direction::Forward => plan_update(plan, item),
             Direction::Undo => plan_undo(plan, item),

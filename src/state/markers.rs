@@ -52,7 +52,7 @@ impl Ledger {
     }
 
     /// Records `round` before its first marker is written.
-    pub fn begin(&self, round: &Round) -> anyhow::Result<Flight> {
+    pub(crate) fn begin(&self, round: &Round) -> anyhow::Result<Flight> {
         let path = self.dir.join(format!("{}-{}.json", round.id, round.from));
         in_flight()
             .lock()

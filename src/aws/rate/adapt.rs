@@ -98,7 +98,7 @@ impl Adaptive {
     }
 
     /// Whether a throttle at `now` would be a new signal (not the burst of the last cut).
-    pub fn is_new_signal(&self, now: Instant) -> bool {
+    pub(crate) fn is_new_signal(&self, now: Instant) -> bool {
         self.cut
             .is_none_or(|(at, _)| now.saturating_duration_since(at) >= HOLD)
     }
@@ -207,7 +207,7 @@ impl Recent {
     }
 
     /// Units in the second up to `now`.
-    pub fn last_second(&self, epoch: Instant, now: Instant) -> f64 {
+    pub(crate) fn last_second(&self, epoch: Instant, now: Instant) -> f64 {
         let (second, frac) = Recent::clock(epoch, now);
         let mut r = *self;
         r.roll(second);
@@ -215,7 +215,7 @@ impl Recent {
     }
 
     /// Nothing counted in the last two seconds.
-    pub fn is_idle(&self, epoch: Instant, now: Instant) -> bool {
+    pub(crate) fn is_idle(&self, epoch: Instant, now: Instant) -> bool {
         let (second, _) = Recent::clock(epoch, now);
         second > self.second + 1
     }

@@ -110,7 +110,7 @@ fn pk_template<'p>(plan: &'p Plan, rule: &'p Rule) -> Option<&'p Template> {
 
 /// The rule `--rule` names, or the one rule whose partition key reads
 /// exactly the `--where` names.
-pub fn pick_rule<'p>(
+pub(crate) fn pick_rule<'p>(
     plan: &'p Plan,
     rule: Option<&str>,
     given: &BTreeMap<String, String>,
@@ -150,7 +150,7 @@ pub fn pick_rule<'p>(
 }
 
 /// Render every partition key of `rule` for the `--where` values and the time range.
-pub fn render(
+pub(crate) fn render(
     plan: &Plan,
     rule: &Rule,
     given: &BTreeMap<String, String>,

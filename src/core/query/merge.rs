@@ -87,7 +87,7 @@ impl<T> PageRun<T> {
 
     /// How many items a fetch needs at most: what the page still lacks, and
     /// one more to know whether another page follows.
-    pub fn fetch_limit(&self) -> usize {
+    pub(crate) fn fetch_limit(&self) -> usize {
         self.limit - self.out.len() + 1
     }
 

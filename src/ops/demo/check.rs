@@ -46,7 +46,7 @@ pub(super) async fn final_check(
 }
 
 /// The target against transform(source), item by item.
-pub fn compare(plan: &Plan, source: &[Item], target: &[Item]) -> FinalCheck {
+pub(crate) fn compare(plan: &Plan, source: &[Item], target: &[Item]) -> FinalCheck {
     use std::collections::BTreeMap;
     let names = plan.target_key.names();
     let expected: BTreeMap<Vec<u8>, Item> = source

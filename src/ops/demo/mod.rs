@@ -53,8 +53,9 @@ use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
 use crate::state::snapshot::show_time;
 
-pub use check::{FinalCheck, compare};
-pub use summary::{HotSide, Hottest, Summary, render};
+pub use check::FinalCheck;
+pub(crate) use summary::render;
+pub use summary::{HotSide, Hottest, Summary};
 pub use workload::generate;
 pub use writer::WriterReport;
 
@@ -98,7 +99,7 @@ pub struct DemoOptions {
 /// The DynamoDB endpoint the environment names (AWS_ENDPOINT_URL_DYNAMODB,
 /// then AWS_ENDPOINT_URL; `env` looks a variable up), as for the other
 /// commands: the demo runs there instead of starting its own server.
-pub fn endpoint_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn endpoint_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"]
         .iter()
         .find_map(|v| env(v).filter(|u| !u.is_empty()))
@@ -356,7 +357,7 @@ async fn switch(
 
 impl Demo {
     /// The migration under live writes, cutover, finish, and the final check.
-    pub async fn migrate(self, progress: &Progress) -> anyhow::Result<Summary> {
+    pub(crate) async fn migrate(self, progress: &Progress) -> anyhow::Result<Summary> {
         let Demo {
             plan,
             report,

@@ -80,7 +80,7 @@ impl Hottest {
 }
 
 /// The summary for people: before/after, the migration, the time it took.
-pub fn render(s: &Summary) -> String {
+pub(crate) fn render(s: &Summary) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let w = &mut o;

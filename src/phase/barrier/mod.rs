@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
-pub use crate::phase::markers::{Markers, ROUND_EVERY, new_id, round_size};
+pub(crate) use crate::phase::markers::{Markers, ROUND_EVERY, new_id, round_size};
 use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::snapshot::{self, ShardPhase, TailStatus};
