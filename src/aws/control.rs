@@ -57,12 +57,12 @@ pub enum Puts {
 }
 
 /// DynamoDB's limit on the actions of one TransactWriteItems.
-pub const PUTS_PER_TRANSACTION: usize = 100;
+pub(crate) const PUTS_PER_TRANSACTION: usize = 100;
 
 /// The control table's own endpoint, when it is not where the data is: read
 /// by [`ControlTable::new`] (so by `worker`, `tail --fleet` and `status`).
 /// Unset or empty, the control table uses the DynamoDB endpoint of the data.
-pub const STATE_ENDPOINT: &str = "REKEY_STATE_ENDPOINT_URL";
+pub(crate) const STATE_ENDPOINT: &str = "REKEY_STATE_ENDPOINT_URL";
 
 /// One control table.
 #[derive(Debug, Clone)]

@@ -122,8 +122,8 @@ pub struct Endpoints {
     pub notes: Vec<String>,
 }
 
-pub const ENDPOINT_URL: &str = "AWS_ENDPOINT_URL";
-pub const DYNAMODB: &str = "AWS_ENDPOINT_URL_DYNAMODB";
+pub(crate) const ENDPOINT_URL: &str = "AWS_ENDPOINT_URL";
+pub(crate) const DYNAMODB: &str = "AWS_ENDPOINT_URL_DYNAMODB";
 pub const STREAMS: &str = "AWS_ENDPOINT_URL_DYNAMODB_STREAMS";
 pub const S3: &str = "AWS_ENDPOINT_URL_S3";
 /// The SDK ignores every configured endpoint when this is `true`: so must we,

@@ -24,7 +24,8 @@ use crate::aws::retry::{backoff, jitter};
 pub(crate) mod adapt;
 pub(crate) mod keys;
 
-pub use adapt::{Adaptive, Recent};
+pub use adapt::Adaptive;
+pub(crate) use adapt::Recent;
 
 /// A rate as an operator gives it: capacity units per second (`500`), or a
 /// share of the table's provisioned capacity (`25%`).
@@ -94,7 +95,7 @@ pub struct Taken(u64);
 /// Unused budget saved up, in seconds of the rate: an idle spell (writers
 /// backing off, a page boundary) is not followed by a burst the table
 /// refuses.
-pub const SAVED: f64 = 0.25;
+pub(crate) const SAVED: f64 = 0.25;
 
 #[derive(Debug)]
 struct Bucket {
@@ -287,7 +288,7 @@ pub struct Control {
 /// ends it, and records the units it took as consumed unless it was
 /// [settled](InFlight::settle) with what DynamoDB said.
 #[must_use = "hold it until the write is answered"]
-pub struct InFlight<'a> {
+pub(crate) struct InFlight<'a> {
     control: &'a Control,
     units: f64,
     taken: Taken,

@@ -69,7 +69,7 @@ pub fn depth(shards: &[ShardInfo], id: &str) -> usize {
 /// clock, whole seconds) is compared with the start of a barrier or a read
 /// (this machine's). A record proves its shard read through its creation time
 /// less this margin.
-pub const CLOCK_MARGIN_SECONDS: f64 = 1.0;
+pub(crate) const CLOCK_MARGIN_SECONDS: f64 = 1.0;
 
 /// What a record proves of its shard once read (and applied): every write
 /// the shard holds from before this instant came before it. A barrier's
@@ -83,7 +83,7 @@ pub(crate) fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
 
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
 #[derive(Debug, Clone, Default)]
-pub struct ShardProgress {
+pub(crate) struct ShardProgress {
     /// The newest [`evidence`] among the records read (applied or buffered).
     pub record_at: Option<f64>,
 }
@@ -279,7 +279,7 @@ pub enum ReadError {
 }
 
 /// Records asked for per GetRecords call (DynamoDB's maximum).
-pub const PAGE: i32 = 1000;
+pub(crate) const PAGE: i32 = 1000;
 /// GetRecords also stops at 1 MB of records.
 const PAGE_BYTES: i64 = 1 << 20;
 /// DynamoDB's largest item.

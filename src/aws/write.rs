@@ -18,17 +18,17 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::aws::rate::Control;
-pub use crate::aws::rate::keys::Blame;
+pub(crate) use crate::aws::rate::keys::Blame;
 use crate::aws::retry::{ThrottlesToCaller, backoff, jitter};
 use crate::aws::{AwsError, Clients, to_sdk, to_sdk_item};
 use crate::core::value::{Item, Value, item_size, write_units};
 
-pub const BATCH: usize = 25;
+pub(crate) const BATCH: usize = 25;
 
 /// What happened to a batch: capacity consumed, and for each item `None`
 /// (written) or the reason DynamoDB refused it.
 #[derive(Debug, Default)]
-pub struct BatchResult {
+pub(crate) struct BatchResult {
     pub consumed: f64,
     pub refused: Vec<Option<String>>,
 }
@@ -84,7 +84,7 @@ fn requests(writes: &[Write<'_>], pending: &[usize]) -> Vec<WriteRequest> {
 /// What paces a batch's items beyond the table's budget, and whose limit
 /// their throttles hit: the backfill's writer paces and adapts per
 /// partition key ([`crate::aws::rate::keys::KeyRates`]).
-pub trait Pace: Sync {
+pub(crate) trait Pace: Sync {
     /// Of the batch's items at `pending` (indices), those that may be sent
     /// now (at least one: waits until then). The others wait for a later
     /// request, so that a slow key never holds back the rest.
@@ -97,7 +97,7 @@ pub trait Pace: Sync {
 }
 
 /// No pacing beyond the table's budget: every throttle is the table's.
-pub struct NoPace;
+pub(crate) struct NoPace;
 
 impl Pace for NoPace {
     async fn ready(&self, pending: &[usize]) -> Vec<usize> {

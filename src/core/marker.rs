@@ -13,7 +13,7 @@ pub const MARKER_PREFIX: &str = "__rekey__#barrier#";
 
 /// The attribute that carries a barrier's start (epoch seconds, the clock of
 /// the process that began it) in each of its markers.
-pub const STARTED_AT: &str = "rekey_barrier_started_at";
+pub(crate) const STARTED_AT: &str = "rekey_barrier_started_at";
 
 /// One marker of a barrier. A barrier writes many, under distinct keys
 /// (`…#<id>#<n>`), because a key reaches one partition and so one open

@@ -22,8 +22,8 @@ pub type Item = BTreeMap<String, Value>;
 /// The largest item DynamoDB stores (400 KB, attribute names included).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// DynamoDB's limits on a single key attribute value, in bytes.
-pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
-pub const MAX_SORT_KEY_BYTES: usize = 1024;
+pub(crate) const MAX_PARTITION_KEY_BYTES: usize = 2048;
+pub(crate) const MAX_SORT_KEY_BYTES: usize = 1024;
 
 #[derive(Debug, Clone)]
 pub enum Value {

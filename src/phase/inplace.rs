@@ -294,7 +294,7 @@ pub enum Applied {
 /// Re-reads after a failed condition before giving up on an item (it is then
 /// rejected: an item rewritten this often is being written by the application,
 /// and the tail sees each of those writes).
-pub const MAX_CONFLICTS: u32 = 5;
+pub(crate) const MAX_CONFLICTS: u32 = 5;
 
 /// Send one decision's write, retrying throttles and transient failures; on a
 /// failed condition, re-read the item (consistent GetItem) and decide again.

@@ -14,7 +14,7 @@ use crate::phase::error::InputError;
 use crate::state::markers::{Ledger, Round};
 
 /// Markers travel in rounds this far apart while a barrier waits.
-pub const ROUND_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const ROUND_EVERY: Duration = Duration::from_secs(1);
 
 /// Barrier ids of the tail's own probes start with this; nobody waits on them.
 const PROBE: &str = "probe-";

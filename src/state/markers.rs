@@ -36,7 +36,7 @@ pub struct Ledger {
 
 /// A round being written by this process. Dropped without [`Flight::done`]
 /// (a stop cancelled it, or it failed), its round is abandoned.
-pub struct Flight {
+pub(crate) struct Flight {
     path: PathBuf,
 }
 

@@ -335,7 +335,7 @@ impl StateStore {
 /// Where a backfill (or an undo) is, kept in its store for resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum BackfillStage {
+pub(crate) enum BackfillStage {
     Backfilling,
     BackfillDone,
 }

@@ -209,7 +209,7 @@ pub fn inverse(plan: &Plan, target: &Item) -> InverseOutcome {
 }
 
 /// The inverse of one plan, its rules compiled once.
-pub struct Inverter<'p> {
+pub(crate) struct Inverter<'p> {
     plan: &'p Plan,
     rules: Vec<RuleInverse<'p>>,
     /// Only the source key is wanted ([`Inverter::keys`]).

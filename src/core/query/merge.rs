@@ -23,7 +23,7 @@ use super::range::{Bound, Order, SkCondition, SkRange};
 
 /// An item of the merged stream: the index of its partition key, its sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry<T> {
+pub(crate) struct Entry<T> {
     pub key: usize,
     pub sk: String,
     pub item: T,
@@ -35,7 +35,7 @@ struct Source<T> {
     done: bool,
 }
 
-pub struct PageRun<T> {
+pub(crate) struct PageRun<T> {
     order: Order,
     limit: usize,
     sources: Vec<Source<T>>,

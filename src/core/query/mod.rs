@@ -26,6 +26,7 @@ pub(crate) mod range;
 mod tests;
 
 pub use cursor::{Cursor, CursorError, QueryId};
-pub use keys::{KeyError, LogicalKey, TimeRange};
-pub use merge::{Entry, PageRun};
-pub use range::{KeyCondition, Order, SkCondition, SkRange};
+pub use keys::{LogicalKey, TimeRange};
+pub(crate) use merge::PageRun;
+pub(crate) use range::KeyCondition;
+pub use range::{Order, SkCondition};

@@ -37,14 +37,14 @@ impl Order {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bound {
+pub(crate) struct Bound {
     pub value: String,
     pub inclusive: bool,
 }
 
 /// A set of sort keys: between the bounds and starting with the prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SkRange {
+pub(crate) struct SkRange {
     pub lower: Option<Bound>,
     pub upper: Option<Bound>,
     pub prefix: Option<String>,
@@ -52,7 +52,7 @@ pub struct SkRange {
 
 /// One DynamoDB condition on the sort key (`None`: the whole partition).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyCondition {
+pub(crate) enum KeyCondition {
     None,
     BeginsWith(String),
     Between(String, String),

@@ -119,7 +119,7 @@ impl fmt::Display for Reject {
 
 /// Capture name → captured text, in shape order, borrowed from the plan
 /// and the item.
-pub type Captures<'a> = Vec<(&'a str, &'a str)>;
+pub(crate) type Captures<'a> = Vec<(&'a str, &'a str)>;
 
 mod owned;
 pub use owned::{Owned, Remnant, transform_owned};

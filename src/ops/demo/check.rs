@@ -17,7 +17,7 @@ use crate::phase::progress::Progress;
 
 /// Both tables scanned after `finish`, compared independently of verify.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FinalCheck {
+pub(crate) struct FinalCheck {
     pub source_items: u64,
     /// Source items the plan puts in the target (the rest it rejects or skips).
     pub expected: u64,

@@ -143,7 +143,7 @@ pub enum Kind {
 
 /// A difference: a candidate while it awaits its re-check, then a mismatch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     pub kind: Kind,
     /// For `unconfirmed`: what it looked like.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,7 +300,7 @@ fn ms_to_time(ms: i64) -> DateTime<Utc> {
 const KEY_RUN: &str = "verify/run";
 const KEY_COUNTS: &str = "verify/counts";
 /// The last finished verify: what a cutover gate reads.
-pub const KEY_LAST: &str = "verify/last";
+pub(crate) const KEY_LAST: &str = "verify/last";
 const CAND: &str = "cand/";
 const OCAND: &str = "ocand/";
 const MM: &str = "mm/";

@@ -276,7 +276,7 @@ impl Snapshot {
 /// What a take was judged on: the item, and the lease counter, owner and
 /// page count read (the take's condition).
 #[derive(Debug, Clone)]
-pub struct Judged {
+pub(crate) struct Judged {
     pub sk: String,
     pub owner: Option<String>,
     pub lease: u64,

@@ -48,11 +48,11 @@ use crate::core::value::{Item, Value};
 
 /// A buffer chunk's largest compressed size: under DynamoDB's 400 KB item
 /// limit with room for its key and attributes.
-pub const CHUNK_LIMIT: usize = 350_000;
+pub(crate) const CHUNK_LIMIT: usize = 350_000;
 
 /// A shard as a held key: `SHARD#<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ShardKey(pub String);
+pub(crate) struct ShardKey(pub String);
 
 impl HeldKey for ShardKey {
     fn sk(&self, _: &Fleet) -> String {
@@ -91,7 +91,7 @@ pub struct ShardCheckpoint {
 
 /// What a shard commit covers besides its checkpoint.
 #[derive(Debug, Clone, Default)]
-pub struct Covers {
+pub(crate) struct Covers {
     /// Writes to the target (the first such commit records `first_apply_ms`).
     pub applies: bool,
     /// Drain barriers whose marker was among the records applied: (barrier
@@ -136,7 +136,7 @@ pub struct ShardUnit {
 leased!(ShardUnit, String, id, cp.done);
 
 /// How long DynamoDB Streams keeps a record: 24 hours.
-pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
+pub(crate) const RETENTION_MS: i64 = 24 * 3600 * 1000;
 
 /// Whether records of `u` may have been trimmed from the stream while no
 /// worker held it: not done, taken before, and its last lease ended (as its
