@@ -139,7 +139,8 @@ impl Budget {
         }
     }
 
-    pub fn unlimited() -> Budget {
+    #[cfg(test)]
+    pub(crate) fn unlimited() -> Budget {
         Budget::new(None)
     }
 

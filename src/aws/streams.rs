@@ -257,9 +257,6 @@ pub struct Page {
     pub records: Vec<Record>,
     /// None: the shard is closed and read to its end.
     pub next: Option<String>,
-    /// The page ended because the shard had nothing more, not at a limit
-    /// (under a steady write load no read is ever empty).
-    pub drained: bool,
 }
 
 /// Why a GetRecords call did not return records.
@@ -280,19 +277,8 @@ pub enum ReadError {
 
 /// Records asked for per GetRecords call (DynamoDB's maximum).
 pub(crate) const PAGE: i32 = 1000;
-/// GetRecords also stops at 1 MB of records.
-const PAGE_BYTES: i64 = 1 << 20;
-/// DynamoDB's largest item.
-const MAX_ITEM_BYTES: i64 = 400 * 1024;
 /// Throttled or failed GetRecords calls retried before giving up.
 const MAX_RETRIES: u32 = 10;
-
-/// Whether a GetRecords page ended because the shard had nothing more, not at
-/// a limit: fewer records than asked for, and room left for one more of the
-/// largest size (so the 1 MB cap did not cut it either).
-fn drained(count: usize, bytes: i64, limit: i32) -> bool {
-    count < limit.max(1) as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
-}
 
 /// One GetRecords call: throttles and transient failures are retried with
 /// backoff (the iterator stays valid), up to `MAX_RETRIES` times.
@@ -332,17 +318,10 @@ pub async fn get_records(
                 return Err(err.into());
             }
         };
-        let bytes: i64 = out
-            .records()
-            .iter()
-            .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
-            .sum();
-        let count = out.records().len();
         let records = out.records().iter().filter_map(record).collect();
         return Ok(Page {
             records,
             next: out.next_shard_iterator,
-            drained: drained(count, bytes, limit),
         });
     }
 }
@@ -472,18 +451,5 @@ mod tests {
     fn sequence_numbers_order_as_numbers() {
         assert!(seq_key("9") < seq_key("10"));
         assert!(seq_key("000100") == seq_key("100") || seq_key("100") > seq_key("99"));
-    }
-
-    #[test]
-    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
-        assert!(drained(0, 0, PAGE));
-        assert!(drained(999, 999 * 100, PAGE));
-        assert!(!drained(1000, 1000 * 100, PAGE), "cut at 1,000 records");
-        assert!(!drained(3, 3 * 300 * 1024, PAGE), "maybe cut at 1 MB");
-        assert!(
-            drained(1, 500 * 1024, PAGE),
-            "another 400 KB item would have fit"
-        );
-        assert!(!drained(100, 100 * 100, 100), "cut at the limit asked for");
     }
 }

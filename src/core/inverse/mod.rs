@@ -124,8 +124,9 @@ pub enum InverseReason {
 }
 
 impl InverseReason {
-    /// A short stable label for grouping in reports.
-    pub fn kind(&self) -> String {
+    /// A short stable label for grouping (the tests group by it).
+    #[cfg(test)]
+    pub(crate) fn kind(&self) -> String {
         match self {
             InverseReason::InPlace => "in place".into(),
             InverseReason::MissingTargetKey(a) => format!("target key `{a}` missing"),
