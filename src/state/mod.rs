@@ -168,10 +168,6 @@ impl StateStore {
         Ok(store)
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn err(&self, e: impl std::fmt::Display) -> StateError {
         StateError::Store {
             dir: self.dir.clone(),

@@ -88,10 +88,6 @@ impl Adaptive {
         self.rate
     }
 
-    pub fn ceiling(&self) -> f64 {
-        self.ceiling
-    }
-
     /// The limit found at the last throttle, if there was one.
     pub fn limit(&self) -> Option<f64> {
         self.limit
@@ -166,7 +162,8 @@ impl Adaptive {
     }
 
     /// A new ceiling from the operator: start again at it, the limit found forgotten.
-    pub fn reset(&mut self, ceiling: f64) {
+    #[cfg(test)]
+    pub(crate) fn reset(&mut self, ceiling: f64) {
         *self = Adaptive::new(ceiling);
     }
 }
