@@ -19,12 +19,26 @@
 //!   other processes read. Never imports `phase`.
 //! * [`phase`] — the phases: analyze, check, backfill, in place, tail, the
 //!   stream watch, drain barriers, verify, cutover, and `run`'s lifecycle.
-//!   They report through [`phase::progress`] and stop through a cancellation
+//!   They report through `phase::progress` and stop through a cancellation
 //!   token; never import `ops`.
 //! * [`ops`] — the operator surface, the only code that prints to stdout or
 //!   redacts: arguments, the one conversion to a checked config, one function
 //!   per command, progress on the terminal, rendering, the IAM policy, the demo.
 //! * [`local`] — the local AWS (moto) that tests and the demo start.
+//!
+//! # The public surface
+//!
+//! The library has three users outside it: `src/main.rs` (the binary), the
+//! integration tests (`tests/it`, and the `bench_export` example), and the
+//! dev-only crate `crates/testkit` (the stand-in, proxy and export writer the
+//! tests run against). Only the modules those name are `pub`, at the paths
+//! they already use (`rekey::core::value::Item`, `rekey::ops::cli::Cli`, …),
+//! and within them only the items they name; everything else is `pub(crate)`
+//! or private, so that the compiler's `dead_code` lint sees code nothing
+//! calls. Code only unit tests call is `#[cfg(test)]`. The list of public
+//! modules, each with the user that needs it, is in `tests/it/architecture.rs`
+//! (`architecture_invariant_only_listed_modules_are_public`): a new `pub mod`
+//! fails there until it is listed with its reason, or made `pub(crate)`.
 
 // Every import names what it takes: a file's imports are its dependencies,
 // and the architecture test reads them (test modules may `use super::*`).

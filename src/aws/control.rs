@@ -57,12 +57,12 @@ pub enum Puts {
 }
 
 /// DynamoDB's limit on the actions of one TransactWriteItems.
-pub const PUTS_PER_TRANSACTION: usize = 100;
+pub(crate) const PUTS_PER_TRANSACTION: usize = 100;
 
 /// The control table's own endpoint, when it is not where the data is: read
 /// by [`ControlTable::new`] (so by `worker`, `tail --fleet` and `status`).
 /// Unset or empty, the control table uses the DynamoDB endpoint of the data.
-pub const STATE_ENDPOINT: &str = "REKEY_STATE_ENDPOINT_URL";
+pub(crate) const STATE_ENDPOINT: &str = "REKEY_STATE_ENDPOINT_URL";
 
 /// One control table.
 #[derive(Debug, Clone)]
@@ -108,7 +108,7 @@ fn bump(c: &AtomicU64) {
 /// `clients` with its DynamoDB client sent to `url` instead (the control
 /// table's endpoint, from [`STATE_ENDPOINT`]); unchanged when `url` is None
 /// or empty. Errors then name that endpoint and the variable.
-pub fn at_endpoint(clients: &Clients, url: Option<String>) -> Clients {
+pub(crate) fn at_endpoint(clients: &Clients, url: Option<String>) -> Clients {
     let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
         return clients.clone();
     };
@@ -221,7 +221,7 @@ impl ControlTable {
 
     /// The items under `pk` whose sort key begins with `prefix` (all of
     /// them when it is empty), read consistently, page after page.
-    pub async fn query_prefix(&self, pk: &str, prefix: &str) -> Result<Vec<Item>, AwsError> {
+    pub(crate) async fn query_prefix(&self, pk: &str, prefix: &str) -> Result<Vec<Item>, AwsError> {
         let mut out = Vec::new();
         let mut start = None;
         let condition = if prefix.is_empty() {
@@ -265,7 +265,7 @@ impl ControlTable {
 
     /// PutItem of `item` if `condition` holds (names and values through
     /// placeholders in `e`; `e.update` is ignored).
-    pub async fn put_if(&self, item: &Item, e: &Expressions) -> Result<Cond, AwsError> {
+    pub(crate) async fn put_if(&self, item: &Item, e: &Expressions) -> Result<Cond, AwsError> {
         let mut req = self
             .clients
             .dynamodb
@@ -299,7 +299,7 @@ impl ControlTable {
     /// would otherwise be one PutItem each. A refused put's current item
     /// comes back with the cancellation (ALL_OLD), so the caller learns who
     /// holds it without a read.
-    pub async fn put_all_if(&self, puts: &[(Item, Expressions)]) -> Result<Puts, AwsError> {
+    pub(crate) async fn put_all_if(&self, puts: &[(Item, Expressions)]) -> Result<Puts, AwsError> {
         let mut req = self.clients.dynamodb.transact_write_items();
         for (item, e) in puts {
             let put = Put::builder()
@@ -341,7 +341,12 @@ impl ControlTable {
     }
 
     /// UpdateItem of `pk`/`sk` if `e.condition` holds.
-    pub async fn update_if(&self, pk: &str, sk: &str, e: &Expressions) -> Result<Cond, AwsError> {
+    pub(crate) async fn update_if(
+        &self,
+        pk: &str,
+        sk: &str,
+        e: &Expressions,
+    ) -> Result<Cond, AwsError> {
         bump(&self.calls.update_item);
         Ok(
             match update_item_if(&self.clients, &self.table, &key(pk, sk), e).await? {

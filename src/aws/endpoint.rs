@@ -38,7 +38,7 @@ pub enum Service {
 
 impl Service {
     /// What a missing resource of this service is called in messages.
-    pub fn resource_kind(self) -> &'static str {
+    pub(crate) fn resource_kind(self) -> &'static str {
         match self {
             Service::DynamoDb => "table",
             Service::Streams => "stream",
@@ -122,8 +122,8 @@ pub struct Endpoints {
     pub notes: Vec<String>,
 }
 
-pub const ENDPOINT_URL: &str = "AWS_ENDPOINT_URL";
-pub const DYNAMODB: &str = "AWS_ENDPOINT_URL_DYNAMODB";
+pub(crate) const ENDPOINT_URL: &str = "AWS_ENDPOINT_URL";
+pub(crate) const DYNAMODB: &str = "AWS_ENDPOINT_URL_DYNAMODB";
 pub const STREAMS: &str = "AWS_ENDPOINT_URL_DYNAMODB_STREAMS";
 pub const S3: &str = "AWS_ENDPOINT_URL_S3";
 /// The SDK ignores every configured endpoint when this is `true`: so must we,
@@ -206,7 +206,7 @@ fn aws_default(service: Service, region: &str) -> String {
 
 /// Whether the URL's host is AWS's (`*.amazonaws.com`, `*.amazonaws.com.cn`,
 /// `*.api.aws`) rather than a local server or an emulator.
-pub fn is_aws_host(url: &str) -> bool {
+pub(crate) fn is_aws_host(url: &str) -> bool {
     let host = host_of(url).trim_end_matches('.').to_ascii_lowercase();
     ["amazonaws.com", "amazonaws.com.cn", "api.aws"]
         .iter()

@@ -107,7 +107,7 @@ use error::s3_error;
 
 pub use decode::{ExportLine, FileSummary, LineReceiver, LineSender, lines_channel, to_hex};
 pub use error::ExportError;
-pub use manifest::{DataFile, Manifest, format_rfc3339_ms, parse_rfc3339_ms};
+pub use manifest::{DataFile, Manifest, format_rfc3339_ms};
 pub use reader::ExportReader;
 
 /// The folder DynamoDB puts every export in, under the export's prefix.

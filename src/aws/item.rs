@@ -14,7 +14,7 @@ use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
 use crate::core::value::{Item, Value, encode_key};
 
 /// Keys per BatchGetItem call (DynamoDB's maximum).
-pub const GET_BATCH: usize = 100;
+pub(crate) const GET_BATCH: usize = 100;
 
 /// PutItem, made again on a transient failure (it is idempotent).
 pub async fn put_item(clients: &Clients, table: &str, item: &Item) -> Result<(), AwsError> {
@@ -84,7 +84,7 @@ pub struct Expressions {
 
 /// A conditional UpdateItem: the capacity it consumed, or None when its
 /// condition failed (nothing was written).
-pub async fn update_item_if(
+pub(crate) async fn update_item_if(
     clients: &Clients,
     table: &str,
     key: &Item,

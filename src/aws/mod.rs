@@ -24,14 +24,14 @@ use crate::core::plan::{KeyAttr, KeySchema};
 use crate::core::value::{Item, ScalarType, Value};
 
 pub mod control;
-pub mod endpoint;
+pub(crate) mod endpoint;
 pub mod export;
-pub mod import;
+pub(crate) mod import;
 pub mod item;
-pub mod query;
+pub(crate) mod query;
 pub mod rate;
-pub mod retry;
-pub mod scan;
+pub(crate) mod retry;
+pub(crate) mod scan;
 pub mod streams;
 pub mod write;
 
@@ -128,12 +128,12 @@ fn reason_list(reasons: &[String]) -> String {
 }
 
 impl AwsError {
-    pub fn is_throttle(&self) -> bool {
+    pub(crate) fn is_throttle(&self) -> bool {
         matches!(self, AwsError::Throttled { .. })
     }
 
     /// Worth retrying: the network, or the service's own 5xx-class failures.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         match self {
             AwsError::Unreachable { .. } | AwsError::Other { .. } => true,
             AwsError::Service { code, .. } => {
@@ -216,7 +216,7 @@ impl Clients {
     }
 
     /// A DynamoDB Streams call's SDK error, naming the Streams endpoint.
-    pub fn streams_error<E, R>(
+    pub(crate) fn streams_error<E, R>(
         &self,
         action: &'static str,
         stream: &str,
@@ -230,7 +230,12 @@ impl Clients {
     }
 
     /// A DynamoDB Streams answer without what it must hold.
-    pub fn streams_missing(&self, action: &'static str, stream: &str, what: &str) -> AwsError {
+    pub(crate) fn streams_missing(
+        &self,
+        action: &'static str,
+        stream: &str,
+        what: &str,
+    ) -> AwsError {
         AwsError::Other {
             action,
             resource: stream.to_string(),
@@ -414,7 +419,7 @@ pub struct StreamInfo {
 
 impl TableInfo {
     /// The plan's idea of the key must be the table's.
-    pub fn check_key(&self, declared: &KeySchema, role: &str) -> Result<(), AwsError> {
+    pub(crate) fn check_key(&self, declared: &KeySchema, role: &str) -> Result<(), AwsError> {
         if &self.key != declared {
             return Err(AwsError::Schema {
                 table: self.name.clone(),
@@ -554,7 +559,7 @@ pub fn to_sdk_item(item: &Item) -> HashMap<String, AttributeValue> {
 
 /// `None` for a type this SDK version does not know (never silently dropped:
 /// the caller rejects the item).
-pub fn from_sdk(v: AttributeValue) -> Option<Value> {
+pub(crate) fn from_sdk(v: AttributeValue) -> Option<Value> {
     Some(match v {
         AttributeValue::S(s) => Value::S(s),
         AttributeValue::N(n) => Value::N(n),
@@ -634,7 +639,7 @@ impl Clients {
 
     /// Waits until `table` is ACTIVE: AWS creates tables in the background
     /// (seconds); a local server has them at once.
-    pub async fn wait_active(&self, table: &str) -> Result<(), AwsError> {
+    pub(crate) async fn wait_active(&self, table: &str) -> Result<(), AwsError> {
         use aws_sdk_dynamodb::types::TableStatus;
         let started = std::time::Instant::now();
         loop {
@@ -664,7 +669,7 @@ impl Clients {
 
     /// Turn on a NEW_AND_OLD_IMAGES stream on an existing table: records start
     /// with the next write, as on a table enabled before a migration.
-    pub async fn enable_stream(&self, table: &str) -> Result<(), AwsError> {
+    pub(crate) async fn enable_stream(&self, table: &str) -> Result<(), AwsError> {
         use aws_sdk_dynamodb::types::StreamSpecification;
         let spec = StreamSpecification::builder()
             .stream_enabled(true)

@@ -21,10 +21,11 @@ use tokio::time::Instant;
 use crate::aws::AwsError;
 use crate::aws::retry::{backoff, jitter};
 
-pub mod adapt;
-pub mod keys;
+pub(crate) mod adapt;
+pub(crate) mod keys;
 
-pub use adapt::{Adaptive, Recent};
+pub use adapt::Adaptive;
+pub(crate) use adapt::Recent;
 
 /// A rate as an operator gives it: capacity units per second (`500`), or a
 /// share of the table's provisioned capacity (`25%`).
@@ -94,7 +95,7 @@ pub struct Taken(u64);
 /// Unused budget saved up, in seconds of the rate: an idle spell (writers
 /// backing off, a page boundary) is not followed by a burst the table
 /// refuses.
-pub const SAVED: f64 = 0.25;
+pub(crate) const SAVED: f64 = 0.25;
 
 #[derive(Debug)]
 struct Bucket {
@@ -138,7 +139,8 @@ impl Budget {
         }
     }
 
-    pub fn unlimited() -> Budget {
+    #[cfg(test)]
+    pub(crate) fn unlimited() -> Budget {
         Budget::new(None)
     }
 
@@ -167,7 +169,7 @@ impl Budget {
     /// caller waits its turn in the queue of debt at the rate of the moment:
     /// a rate cut slows those already waiting too. Returns when the units
     /// were taken, for [`Budget::give_back`].
-    pub async fn acquire(&self, units: f64) -> Taken {
+    pub(crate) async fn acquire(&self, units: f64) -> Taken {
         let (place, taken) = {
             let mut b = self.state.lock().await;
             b.refill(Instant::now());
@@ -201,7 +203,7 @@ impl Budget {
     }
 
     /// A request consumed `units`, paid after the fact (reads).
-    pub async fn spend(&self, units: f64) {
+    pub(crate) async fn spend(&self, units: f64) {
         let mut b = self.state.lock().await;
         b.refill(Instant::now());
         if b.rate.is_some() {
@@ -215,7 +217,7 @@ impl Budget {
     /// more. Units taken before a cut are not handed out again at the lower
     /// rate (a storm's refused requests would otherwise pay for the next
     /// one), and no more than [`SAVED`] is ever saved up.
-    pub async fn give_back(&self, units: f64, taken: Taken) {
+    pub(crate) async fn give_back(&self, units: f64, taken: Taken) {
         let mut b = self.state.lock().await;
         b.refill(Instant::now());
         if let Some(rate) = b.rate
@@ -236,7 +238,7 @@ impl Budget {
     /// Units consumed by requests answered in the last second; None until a
     /// second after the first answer (answers lag the requests: in the first
     /// moments they say too little), or if no caller ever says.
-    pub fn last_second(&self) -> Option<f64> {
+    pub(crate) fn last_second(&self) -> Option<f64> {
         let now = Instant::now();
         let t = self.through.lock().unwrap_or_else(|e| e.into_inner());
         let first = t.first?;
@@ -249,7 +251,7 @@ impl Budget {
     }
 
     /// Change the rate; waiting callers see it at once.
-    pub async fn set_rate(&self, rate: f64) {
+    pub(crate) async fn set_rate(&self, rate: f64) {
         let mut b = self.state.lock().await;
         b.refill(Instant::now());
         let rate = rate.max(0.1);
@@ -287,7 +289,7 @@ pub struct Control {
 /// ends it, and records the units it took as consumed unless it was
 /// [settled](InFlight::settle) with what DynamoDB said.
 #[must_use = "hold it until the write is answered"]
-pub struct InFlight<'a> {
+pub(crate) struct InFlight<'a> {
     control: &'a Control,
     units: f64,
     taken: Taken,
@@ -389,12 +391,13 @@ impl Control {
     }
 
     /// Writes past the pause gate and not answered yet.
-    pub fn writes_in_flight(&self) -> u64 {
+    pub(crate) fn writes_in_flight(&self) -> u64 {
         self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Paused, with no write in flight: what `rekey control --pause` waits for.
-    pub fn is_quiet(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_quiet(&self) -> bool {
         self.is_paused() && self.writes_in_flight() == 0
     }
 
@@ -404,26 +407,26 @@ impl Control {
         let _ = rx.wait_for(|p| !*p).await;
     }
 
-    pub async fn wait_read(&self) {
+    pub(crate) async fn wait_read(&self) {
         self.wait_unpaused().await;
         self.read.ready().await;
     }
 
     /// Wait for room for a write whose cost is known only after it; hold
     /// the guard until the write is answered.
-    pub async fn wait_write(&self) -> InFlight<'_> {
+    pub(crate) async fn wait_write(&self) -> InFlight<'_> {
         self.write.ready().await;
         self.enter_write(0.0, Taken(0)).await
     }
 
     /// Wait for room for a write of `units` WCU (known from the item sizes);
     /// hold the guard until the write is answered.
-    pub async fn acquire_write(&self, units: f64) -> InFlight<'_> {
+    pub(crate) async fn acquire_write(&self, units: f64) -> InFlight<'_> {
         let taken = self.write.acquire(units).await;
         self.enter_write(units, taken).await
     }
 
-    pub fn set_paused(&self, paused: bool) {
+    pub(crate) fn set_paused(&self, paused: bool) {
         if self.paused.send_replace(paused) != paused {
             tracing::info!(
                 paused,
@@ -433,13 +436,13 @@ impl Control {
         }
     }
 
-    pub fn is_paused(&self) -> bool {
+    pub(crate) fn is_paused(&self) -> bool {
         *self.paused.borrow()
     }
 
     /// New ceilings from the operator; the current rate moves to them and
     /// the limits found are forgotten.
-    pub async fn set_ceilings(&self, read: Option<f64>, write: Option<f64>) {
+    pub(crate) async fn set_ceilings(&self, read: Option<f64>, write: Option<f64>) {
         let mut s = self.inner.lock().await;
         if let Some(r) = read {
             s.read = Some(Adaptive::new(r));
@@ -500,24 +503,24 @@ impl Control {
     }
 
     /// Record a throttled read, cut the read rate, and back off.
-    pub async fn read_throttled(&self, e: &AwsError) {
+    pub(crate) async fn read_throttled(&self, e: &AwsError) {
         self.throttled(Slow::Read, e, 2).await;
     }
 
     /// Record a throttled read on its `attempt`-th retry (BatchGetItem's
     /// UnprocessedKeys), cut the read rate, and back off exponentially.
-    pub async fn read_throttled_retry(&self, e: &AwsError, attempt: u32) {
+    pub(crate) async fn read_throttled_retry(&self, e: &AwsError, attempt: u32) {
         self.throttled(Slow::Read, e, attempt).await;
     }
 
     /// Record a throttled write (its `attempt`-th retry), cut the write rate, and back off.
-    pub async fn write_throttled(&self, e: &AwsError, attempt: u32) {
+    pub(crate) async fn write_throttled(&self, e: &AwsError, attempt: u32) {
         self.throttled(Slow::Write, e, attempt).await;
     }
 
     /// Record a write throttled by its items' own partition keys (whose
     /// rates the caller brings down) and back off; the table's rate stays.
-    pub async fn write_key_throttled(&self, e: &AwsError, attempt: u32) {
+    pub(crate) async fn write_key_throttled(&self, e: &AwsError, attempt: u32) {
         self.throttled(Slow::Keys, e, attempt).await;
     }
 

@@ -26,14 +26,14 @@ pub struct ShardInfo {
 
 /// Sequence numbers are decimal strings of up to 40 digits: compared (and
 /// sorted as keys) by padding to a fixed width, never as text of varying width.
-pub fn seq_key(seq: &str) -> String {
+pub(crate) fn seq_key(seq: &str) -> String {
     format!("{seq:0>40}")
 }
 
 /// Shards whose records may be read now: not finished, and whose parent is
 /// finished or unknown (trimmed away). Children after parents is what keeps
 /// per-item order across splits.
-pub fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
+pub(crate) fn ready_shards(shards: &[ShardInfo], finished: &HashSet<String>) -> Vec<String> {
     let known: HashSet<&str> = shards.iter().map(|s| s.id.as_str()).collect();
     shards
         .iter()
@@ -69,21 +69,21 @@ pub fn depth(shards: &[ShardInfo], id: &str) -> usize {
 /// clock, whole seconds) is compared with the start of a barrier or a read
 /// (this machine's). A record proves its shard read through its creation time
 /// less this margin.
-pub const CLOCK_MARGIN_SECONDS: f64 = 1.0;
+pub(crate) const CLOCK_MARGIN_SECONDS: f64 = 1.0;
 
 /// What a record proves of its shard once read (and applied): every write
 /// the shard holds from before this instant came before it. A barrier's
 /// marker proves its barrier's start (it was written after); any record, its
 /// creation time less the clock margin. An empty page proves nothing: on
 /// DynamoDB an open shard may answer empty while records sit further on.
-pub fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
+pub(crate) fn evidence(created_at: f64, marker_started_at: Option<f64>) -> f64 {
     let by_time = created_at - CLOCK_MARGIN_SECONDS;
     marker_started_at.map_or(by_time, |s| s.max(by_time))
 }
 
 /// Per-shard progress the tail tracks between checkpoints, for lag and barriers.
 #[derive(Debug, Clone, Default)]
-pub struct ShardProgress {
+pub(crate) struct ShardProgress {
     /// The newest [`evidence`] among the records read (applied or buffered).
     pub record_at: Option<f64>,
 }
@@ -139,7 +139,10 @@ pub fn through(shards: &[ShardThrough]) -> Option<f64> {
 }
 
 /// Lag (seconds behind `now`) of the whole stream and of each shard.
-pub fn lags(shards: &[ShardThrough], now: f64) -> (Option<f64>, HashMap<String, Option<f64>>) {
+pub(crate) fn lags(
+    shards: &[ShardThrough],
+    now: f64,
+) -> (Option<f64>, HashMap<String, Option<f64>>) {
     let per = claims(shards)
         .into_iter()
         .map(|(id, c)| (id, c.map(|c| (now - c).max(0.0))))
@@ -153,7 +156,10 @@ pub fn now_secs() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-pub async fn describe_shards(clients: &Clients, stream: &str) -> Result<Vec<ShardInfo>, AwsError> {
+pub(crate) async fn describe_shards(
+    clients: &Clients,
+    stream: &str,
+) -> Result<Vec<ShardInfo>, AwsError> {
     let mut shards = Vec::new();
     let mut start: Option<String> = None;
     loop {
@@ -251,9 +257,6 @@ pub struct Page {
     pub records: Vec<Record>,
     /// None: the shard is closed and read to its end.
     pub next: Option<String>,
-    /// The page ended because the shard had nothing more, not at a limit
-    /// (under a steady write load no read is ever empty).
-    pub drained: bool,
 }
 
 /// Why a GetRecords call did not return records.
@@ -273,20 +276,9 @@ pub enum ReadError {
 }
 
 /// Records asked for per GetRecords call (DynamoDB's maximum).
-pub const PAGE: i32 = 1000;
-/// GetRecords also stops at 1 MB of records.
-const PAGE_BYTES: i64 = 1 << 20;
-/// DynamoDB's largest item.
-const MAX_ITEM_BYTES: i64 = 400 * 1024;
+pub(crate) const PAGE: i32 = 1000;
 /// Throttled or failed GetRecords calls retried before giving up.
 const MAX_RETRIES: u32 = 10;
-
-/// Whether a GetRecords page ended because the shard had nothing more, not at
-/// a limit: fewer records than asked for, and room left for one more of the
-/// largest size (so the 1 MB cap did not cut it either).
-fn drained(count: usize, bytes: i64, limit: i32) -> bool {
-    count < limit.max(1) as usize && bytes <= PAGE_BYTES - MAX_ITEM_BYTES
-}
 
 /// One GetRecords call: throttles and transient failures are retried with
 /// backoff (the iterator stays valid), up to `MAX_RETRIES` times.
@@ -326,17 +318,10 @@ pub async fn get_records(
                 return Err(err.into());
             }
         };
-        let bytes: i64 = out
-            .records()
-            .iter()
-            .filter_map(|r| r.dynamodb().and_then(|d| d.size_bytes()))
-            .sum();
-        let count = out.records().len();
         let records = out.records().iter().filter_map(record).collect();
         return Ok(Page {
             records,
             next: out.next_shard_iterator,
-            drained: drained(count, bytes, limit),
         });
     }
 }
@@ -466,18 +451,5 @@ mod tests {
     fn sequence_numbers_order_as_numbers() {
         assert!(seq_key("9") < seq_key("10"));
         assert!(seq_key("000100") == seq_key("100") || seq_key("100") > seq_key("99"));
-    }
-
-    #[test]
-    fn a_page_cut_at_a_limit_is_not_a_drained_shard() {
-        assert!(drained(0, 0, PAGE));
-        assert!(drained(999, 999 * 100, PAGE));
-        assert!(!drained(1000, 1000 * 100, PAGE), "cut at 1,000 records");
-        assert!(!drained(3, 3 * 300 * 1024, PAGE), "maybe cut at 1 MB");
-        assert!(
-            drained(1, 500 * 1024, PAGE),
-            "another 400 KB item would have fit"
-        );
-        assert!(!drained(100, 100 * 100, 100), "cut at the limit asked for");
     }
 }

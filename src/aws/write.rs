@@ -18,17 +18,17 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::aws::rate::Control;
-pub use crate::aws::rate::keys::Blame;
+pub(crate) use crate::aws::rate::keys::Blame;
 use crate::aws::retry::{ThrottlesToCaller, backoff, jitter};
 use crate::aws::{AwsError, Clients, to_sdk, to_sdk_item};
 use crate::core::value::{Item, Value, item_size, write_units};
 
-pub const BATCH: usize = 25;
+pub(crate) const BATCH: usize = 25;
 
 /// What happened to a batch: capacity consumed, and for each item `None`
 /// (written) or the reason DynamoDB refused it.
 #[derive(Debug, Default)]
-pub struct BatchResult {
+pub(crate) struct BatchResult {
     pub consumed: f64,
     pub refused: Vec<Option<String>>,
 }
@@ -84,7 +84,7 @@ fn requests(writes: &[Write<'_>], pending: &[usize]) -> Vec<WriteRequest> {
 /// What paces a batch's items beyond the table's budget, and whose limit
 /// their throttles hit: the backfill's writer paces and adapts per
 /// partition key ([`crate::aws::rate::keys::KeyRates`]).
-pub trait Pace: Sync {
+pub(crate) trait Pace: Sync {
     /// Of the batch's items at `pending` (indices), those that may be sent
     /// now (at least one: waits until then). The others wait for a later
     /// request, so that a slow key never holds back the rest.
@@ -97,7 +97,7 @@ pub trait Pace: Sync {
 }
 
 /// No pacing beyond the table's budget: every throttle is the table's.
-pub struct NoPace;
+pub(crate) struct NoPace;
 
 impl Pace for NoPace {
     async fn ready(&self, pending: &[usize]) -> Vec<usize> {
@@ -110,7 +110,7 @@ impl Pace for NoPace {
 
 /// What DynamoDB's ThrottlingReasons say: `Keys` when every reason is a key
 /// range's, `Table` when one is anything else, None when there are none.
-pub fn blame_of(reasons: &[String]) -> Option<Blame> {
+pub(crate) fn blame_of(reasons: &[String]) -> Option<Blame> {
     if reasons.is_empty() {
         None
     } else if reasons.iter().all(|r| r.contains("KeyRange")) {
@@ -122,7 +122,7 @@ pub fn blame_of(reasons: &[String]) -> Option<Blame> {
 
 /// Put up to 25 items (distinct keys) under `control`, retrying
 /// UnprocessedItems, throttles and up to `max_retries` transient failures.
-pub async fn write_batch(
+pub(crate) async fn write_batch(
     clients: &Clients,
     table: &str,
     items: &[Item],
@@ -134,7 +134,7 @@ pub async fn write_batch(
 
 /// [`write_batch`], each attempt's items chosen by `pace` too, and each
 /// throttle blamed on the table or the items' keys as `pace` says.
-pub async fn write_batch_paced(
+pub(crate) async fn write_batch_paced(
     clients: &Clients,
     table: &str,
     items: &[impl std::borrow::Borrow<Item>],
@@ -149,7 +149,7 @@ pub async fn write_batch_paced(
 /// Up to 25 puts and deletes, each of a different key (DynamoDB refuses a
 /// batch that names a key twice, and applies a batch's requests in no
 /// order), written as [`write_batch`] writes puts; `refused` is per request.
-pub async fn write_requests(
+pub(crate) async fn write_requests(
     clients: &Clients,
     table: &str,
     writes: &[Write<'_>],

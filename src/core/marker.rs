@@ -13,7 +13,7 @@ pub const MARKER_PREFIX: &str = "__rekey__#barrier#";
 
 /// The attribute that carries a barrier's start (epoch seconds, the clock of
 /// the process that began it) in each of its markers.
-pub const STARTED_AT: &str = "rekey_barrier_started_at";
+pub(crate) const STARTED_AT: &str = "rekey_barrier_started_at";
 
 /// One marker of a barrier. A barrier writes many, under distinct keys
 /// (`…#<id>#<n>`), because a key reaches one partition and so one open
@@ -28,17 +28,17 @@ pub struct Marker {
 }
 
 /// The barrier id if `item` (a source item) is a drain marker.
-pub fn marker_id(plan: &Plan, item: &Item) -> Option<String> {
+pub(crate) fn marker_id(plan: &Plan, item: &Item) -> Option<String> {
     marker_id_in(&plan.source_key, item)
 }
 
 /// The barrier id if `item` (an item of a table keyed by `key`) is a drain marker.
-pub fn marker_id_in(key: &KeySchema, item: &Item) -> Option<String> {
+pub(crate) fn marker_id_in(key: &KeySchema, item: &Item) -> Option<String> {
     marker_in(key, item).map(|m| m.barrier)
 }
 
 /// The marker `item` is, if it is one (an item of a table keyed by `key`).
-pub fn marker_in(key: &KeySchema, item: &Item) -> Option<Marker> {
+pub(crate) fn marker_in(key: &KeySchema, item: &Item) -> Option<Marker> {
     let text = match item.get(&key.partition_key.name)? {
         Value::S(s) => s.as_str(),
         Value::B(b) => std::str::from_utf8(b).ok()?,
@@ -62,7 +62,8 @@ pub fn marker_in(key: &KeySchema, item: &Item) -> Option<Marker> {
 
 /// The first marker item for barrier `id`: the source key and its start.
 /// A numeric partition key cannot carry a marker: the error says what to do.
-pub fn marker_item(plan: &Plan, id: &str) -> Result<Item, String> {
+#[cfg(test)]
+pub(crate) fn marker_item(plan: &Plan, id: &str) -> Result<Item, String> {
     let m = Marker {
         barrier: id.into(),
         n: 0,

@@ -5,17 +5,17 @@
 //!
 //! Architecture invariant: `core` imports only `core` (tests/architecture.rs).
 
-pub mod bucket;
+pub(crate) mod bucket;
 #[cfg(test)]
 pub(crate) mod fixture;
 pub mod hash;
-pub mod import;
+pub(crate) mod import;
 pub mod inverse;
 pub mod itemline;
 pub mod marker;
 pub mod plan;
 pub mod query;
-pub mod suggest;
-pub mod template;
+pub(crate) mod suggest;
+pub(crate) mod template;
 pub mod transform;
 pub mod value;

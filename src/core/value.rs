@@ -22,8 +22,8 @@ pub type Item = BTreeMap<String, Value>;
 /// The largest item DynamoDB stores (400 KB, attribute names included).
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// DynamoDB's limits on a single key attribute value, in bytes.
-pub const MAX_PARTITION_KEY_BYTES: usize = 2048;
-pub const MAX_SORT_KEY_BYTES: usize = 1024;
+pub(crate) const MAX_PARTITION_KEY_BYTES: usize = 2048;
+pub(crate) const MAX_SORT_KEY_BYTES: usize = 1024;
 
 #[derive(Debug, Clone)]
 pub enum Value {
@@ -74,7 +74,7 @@ impl fmt::Display for ScalarType {
 
 impl Value {
     /// DynamoDB's name for the type: `S`, `N`, `BOOL`, …
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::S(_) => "S",
             Value::N(_) => "N",
@@ -89,7 +89,7 @@ impl Value {
         }
     }
 
-    pub fn scalar_type(&self) -> Option<ScalarType> {
+    pub(crate) fn scalar_type(&self) -> Option<ScalarType> {
         match self {
             Value::S(_) => Some(ScalarType::S),
             Value::N(_) => Some(ScalarType::N),
@@ -99,7 +99,7 @@ impl Value {
     }
 
     /// The text a template sees for this value: strings and numbers only.
-    pub fn as_text(&self) -> Option<&str> {
+    pub(crate) fn as_text(&self) -> Option<&str> {
         match self {
             Value::S(s) | Value::N(s) => Some(s),
             _ => None,
@@ -202,14 +202,14 @@ fn parse_number(text: &str) -> Option<Decimal> {
 }
 
 /// Whether `text` is a number DynamoDB accepts: decimal, at most 38 significant digits.
-pub fn is_valid_number(text: &str) -> bool {
+pub(crate) fn is_valid_number(text: &str) -> bool {
     matches!(parse_number(text), Some(d) if d.digits.len() <= 38)
 }
 
 /// Whether DynamoDB stores `text` as a number: [`is_valid_number`], and a
 /// magnitude from 1E-130 up to (not including) 1E+126, or zero. (A value
 /// `0.d × 10^e` lies in [10^(e-1), 10^e).)
-pub fn is_storable_number(text: &str) -> bool {
+pub(crate) fn is_storable_number(text: &str) -> bool {
     match parse_number(text) {
         Some(d) if d.digits.is_empty() => true,
         Some(d) => d.digits.len() <= 38 && (-129..=126).contains(&d.exponent),
@@ -221,7 +221,7 @@ pub fn is_storable_number(text: &str) -> bool {
 /// a number out of its range, an empty set, a set holding an element twice.
 /// None when it stores it. BatchWriteItem answers these with a
 /// ValidationException; an import counts them as errors and skips the item.
-pub fn storage_refusal(path: &str, value: &Value) -> Option<String> {
+pub(crate) fn storage_refusal(path: &str, value: &Value) -> Option<String> {
     fn dup<T: std::hash::Hash + Eq>(keys: impl Iterator<Item = T>) -> bool {
         let mut seen = std::collections::HashSet::new();
         keys.into_iter().any(|k| !seen.insert(k))

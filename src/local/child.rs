@@ -113,7 +113,7 @@ pub async fn spawn_owned(
 }
 
 /// Blocks until child `pid` has exited, without reaping it.
-pub fn wait_exited_no_reap(pid: u32) {
+pub(crate) fn wait_exited_no_reap(pid: u32) {
     loop {
         // SAFETY: siginfo_t is plain data; waitid only writes into it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -183,7 +183,7 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn push_line(&self, line: &[u8]) {
+    pub(crate) fn push_line(&self, line: &[u8]) {
         let mut line = String::from_utf8_lossy(line).trim_end().to_string();
         if line.len() > MAX_LINE {
             let mut cut = MAX_LINE;
@@ -222,7 +222,7 @@ impl Shared {
     }
 
     /// Waits until the child has been reaped; false on timeout.
-    pub fn wait_reaped(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_reaped(&self, timeout: Duration) -> bool {
         let state = self.lock();
         let result = self
             .cond

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use child::{PortError, Shared, spawn_owned};
 
 /// Environment variable naming the `moto_server` executable.
-pub const SERVER_ENV: &str = "REKEY_MOTO_SERVER";
+pub(crate) const SERVER_ENV: &str = "REKEY_MOTO_SERVER";
 /// Where `scripts/install-deps` puts it, relative to the repository root.
 const INSTALL_PATH: &str = ".tools/venv/bin/moto_server";
 const PROGRAM: &str = "moto_server";

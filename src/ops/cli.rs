@@ -23,14 +23,15 @@ pub mod exit {
     /// Bad input: a malformed plan, sample file or argument.
     pub const BAD_INPUT: i32 = 2;
     /// A gate was not met in time: the drain barrier (and later cutover's gates).
-    pub const GATE: i32 = 3;
+    pub(crate) const GATE: i32 = 3;
     /// `verify` found differences, or could not settle some (the tail is behind).
     pub const DIFFERENCES: i32 = 4;
     /// An AWS call failed: unreachable endpoint, missing table, missing permission.
     pub const AWS: i32 = 5;
 }
 
-pub use crate::phase::error::{GateNotMet, InputError};
+pub(crate) use crate::phase::error::GateNotMet;
+pub use crate::phase::error::InputError;
 
 pub fn exit_code(err: &anyhow::Error) -> i32 {
     for cause in err.chain() {

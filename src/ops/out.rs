@@ -53,7 +53,7 @@ pub fn json<T: Serialize>(value: &T) -> io::Result<()> {
 
 /// The last line of a `--json` event stream: the report on one line, marked
 /// `"event": "done"`.
-pub fn json_done<T: Serialize>(report: &T) -> io::Result<()> {
+pub(crate) fn json_done<T: Serialize>(report: &T) -> io::Result<()> {
     let mut v = serde_json::to_value(report)?;
     if let Some(m) = v.as_object_mut() {
         m.insert("event".into(), "done".into());

@@ -43,7 +43,7 @@ impl Shutdown {
     /// this call on, the first signal cancels the token instead of ending
     /// the process. Called before the command does any work, so a signal
     /// that comes earlier ends a process that has nothing in flight.
-    pub fn stop_cleanly(&self) -> CancellationToken {
+    pub(crate) fn stop_cleanly(&self) -> CancellationToken {
         self.clean.store(true, Ordering::SeqCst);
         self.token.clone()
     }

@@ -10,7 +10,7 @@ pub struct InputError(pub String);
 /// A gate that must hold before going on did not (exit 3).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct GateNotMet(pub String);
+pub(crate) struct GateNotMet(pub String);
 
 /// Stopped by the operator (Ctrl-C, SIGTERM) after the work in flight was
 /// finished and checkpointed: a rerun resumes. The operator surface exits

@@ -118,7 +118,7 @@ pub fn plan_update(plan: &Plan, item: &Item) -> Decision {
 /// application wrote itself is left alone. The condition also pins the removed
 /// attributes to the values read. (Attributes a rule `remove`d cannot be
 /// brought back: their old values are gone.)
-pub fn plan_undo(plan: &Plan, item: &Item) -> Decision {
+pub(crate) fn plan_undo(plan: &Plan, item: &Item) -> Decision {
     let (i, out) = match computed(plan, item) {
         Ok(c) => c,
         Err(Decision::Reject(_)) => return Decision::Skip,
@@ -267,7 +267,7 @@ pub enum Direction {
 }
 
 impl Direction {
-    pub fn decide(self, plan: &Plan, item: &Item) -> Decision {
+    pub(crate) fn decide(self, plan: &Plan, item: &Item) -> Decision {
         match self {
             Direction::Forward => plan_update(plan, item),
             Direction::Undo => plan_undo(plan, item),
@@ -294,7 +294,7 @@ pub enum Applied {
 /// Re-reads after a failed condition before giving up on an item (it is then
 /// rejected: an item rewritten this often is being written by the application,
 /// and the tail sees each of those writes).
-pub const MAX_CONFLICTS: u32 = 5;
+pub(crate) const MAX_CONFLICTS: u32 = 5;
 
 /// Send one decision's write, retrying throttles and transient failures; on a
 /// failed condition, re-read the item (consistent GetItem) and decide again.

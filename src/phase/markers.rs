@@ -14,13 +14,13 @@ use crate::phase::error::InputError;
 use crate::state::markers::{Ledger, Round};
 
 /// Markers travel in rounds this far apart while a barrier waits.
-pub const ROUND_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const ROUND_EVERY: Duration = Duration::from_secs(1);
 
 /// Barrier ids of the tail's own probes start with this; nobody waits on them.
 const PROBE: &str = "probe-";
 
 /// Whether barrier `id` is a tail's probe.
-pub fn is_probe(id: &str) -> bool {
+pub(crate) fn is_probe(id: &str) -> bool {
     id.starts_with(PROBE)
 }
 
@@ -31,7 +31,7 @@ pub fn new_probe_id() -> String {
 
 /// Markers for a round over `k` shards: enough random keys that each shard
 /// likely gets one (K·(ln K + 1), the coupon collector's bound), capped.
-pub fn round_size(k: usize) -> u32 {
+pub(crate) fn round_size(k: usize) -> u32 {
     let k = k.max(1) as f64;
     (k * (k.ln() + 1.0)).ceil().min(1000.0) as u32
 }
@@ -130,7 +130,7 @@ where
 
 /// Deletes the markers of every round in `table` that a kill -9 or a stop
 /// cut short (crate::state::markers), and forgets those rounds.
-pub async fn sweep(
+pub(crate) async fn sweep(
     clients: &Clients,
     ledger: &Ledger,
     table: &str,
@@ -153,7 +153,7 @@ pub async fn sweep(
 }
 
 /// A new barrier's id: when, and a random part.
-pub fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!(
         "{}-{:08x}",
         chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ"),

@@ -6,21 +6,21 @@
 //!
 //! Architecture invariant: `phase` never imports `ops` (tests/architecture.rs).
 
-pub mod analyze;
+pub(crate) mod analyze;
 pub mod backfill;
-pub mod barrier;
-pub mod check;
-pub mod cutover;
+pub(crate) mod barrier;
+pub(crate) mod check;
+pub(crate) mod cutover;
 pub mod error;
-pub mod fleet;
+pub(crate) mod fleet;
 pub mod inplace;
-pub mod lifecycle;
+pub(crate) mod lifecycle;
 pub mod markers;
-pub mod progress;
+pub(crate) mod progress;
 pub mod query;
-pub mod suggest;
+pub(crate) mod suggest;
 // the last globs go with issue 26's tail part
 #[allow(clippy::wildcard_imports)]
-pub mod tail;
+pub(crate) mod tail;
 pub mod verify;
 pub mod watch;

@@ -30,11 +30,6 @@ impl Progress {
         Progress(sink)
     }
 
-    /// Reports nowhere (tests, and work whose progress nobody watches).
-    pub fn quiet() -> Progress {
-        Progress(Arc::new(Quiet))
-    }
-
     pub fn beside(&self) -> Progress {
         Progress(self.0.beside())
     }
@@ -57,18 +52,5 @@ impl Progress {
 
     pub fn finish(&self) {
         self.0.finish();
-    }
-}
-
-struct Quiet;
-
-impl ProgressSink for Quiet {
-    fn start(&self, _: &str, _: Option<u64>) {}
-    fn update(&self, _: u64, _: f64) {}
-    fn status(&self, _: String, _: serde_json::Value) {}
-    fn note(&self, _: &str) {}
-    fn finish(&self) {}
-    fn beside(&self) -> Arc<dyn ProgressSink> {
-        Arc::new(Quiet)
     }
 }

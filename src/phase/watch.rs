@@ -222,7 +222,7 @@ impl Watch {
     }
 
     /// Shards not read to their end: a probe's round is sized by them.
-    pub fn open_shards(&self) -> usize {
+    pub(crate) fn open_shards(&self) -> usize {
         self.shards.values().filter(|w| !w.finished).count()
     }
 }

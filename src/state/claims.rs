@@ -237,7 +237,8 @@ impl Claims {
     }
 
     /// How many target keys are claimed.
-    pub fn count(&self) -> Result<u64, ClaimsError> {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> Result<u64, ClaimsError> {
         use redb::ReadableTableMetadata;
         let tx = self.inner.db.begin_read().map_err(|e| self.err(e))?;
         match tx.open_table(CLAIMS) {

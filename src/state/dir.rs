@@ -33,7 +33,7 @@ impl StateDir {
     }
 
     /// `.rekey/<plan file stem>`: the directory a plan uses unless told otherwise.
-    pub fn for_plan(plan: &Path) -> StateDir {
+    pub(crate) fn for_plan(plan: &Path) -> StateDir {
         let stem = plan
             .file_stem()
             .map_or_else(|| "plan".into(), |s| s.to_string_lossy().into_owned());
@@ -46,12 +46,12 @@ impl StateDir {
 
     // ---- stores ----
 
-    pub fn tail_store(&self) -> PathBuf {
+    pub(crate) fn tail_store(&self) -> PathBuf {
         self.0.join("tail")
     }
 
     /// The reverse tail's store: the target's stream applied to the source.
-    pub fn reverse_store(&self) -> PathBuf {
+    pub(crate) fn reverse_store(&self) -> PathBuf {
         self.0.join("reverse")
     }
 
@@ -60,13 +60,13 @@ impl StateDir {
         crate::state::markers::Ledger::new(self.0.join("markers"))
     }
 
-    pub fn verify_store(&self) -> PathBuf {
+    pub(crate) fn verify_store(&self) -> PathBuf {
         self.0.join("verify")
     }
 
     // ---- snapshots ----
 
-    pub fn backfill_snapshot(&self) -> PathBuf {
+    pub(crate) fn backfill_snapshot(&self) -> PathBuf {
         self.0.join("backfill.json")
     }
 
@@ -75,17 +75,17 @@ impl StateDir {
     }
 
     /// The forward tail's echo ledger (`state::echoes`).
-    pub fn tail_ledger(&self) -> PathBuf {
+    pub(crate) fn tail_ledger(&self) -> PathBuf {
         self.tail_store().join("written.jsonl")
     }
 
     /// The reverse tail's echo ledger.
-    pub fn reverse_ledger(&self) -> PathBuf {
+    pub(crate) fn reverse_ledger(&self) -> PathBuf {
         self.reverse_store().join("written.jsonl")
     }
 
     /// Where the reverse tail starts (crate::phase::tail::line).
-    pub fn reverse_line(&self) -> PathBuf {
+    pub(crate) fn reverse_line(&self) -> PathBuf {
         self.reverse_store().join("line.json")
     }
 
@@ -102,11 +102,11 @@ impl StateDir {
     }
 
     /// The last rollback's record (`rekey rollback`).
-    pub fn rollback_record(&self) -> PathBuf {
+    pub(crate) fn rollback_record(&self) -> PathBuf {
         self.0.join("rollback.json")
     }
 
-    pub fn analyze_verdict(&self) -> PathBuf {
+    pub(crate) fn analyze_verdict(&self) -> PathBuf {
         self.0.join("analyze.json")
     }
 
@@ -116,7 +116,7 @@ impl StateDir {
         self.0.join("backfill.done")
     }
 
-    pub fn is_backfill_done(&self) -> bool {
+    pub(crate) fn is_backfill_done(&self) -> bool {
         self.backfill_done().exists()
     }
 
@@ -133,7 +133,7 @@ impl StateDir {
         self.0.join("finished")
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.finished().exists()
     }
 
@@ -153,31 +153,31 @@ impl StateDir {
 
     /// A fleet worker's own rejects (`rekey worker`): one file per worker,
     /// each line tagged with the unit, lease and page it came from.
-    pub fn worker_rejects(&self, worker: &str) -> PathBuf {
+    pub(crate) fn worker_rejects(&self, worker: &str) -> PathBuf {
         self.0.join(format!("rejects-{worker}.jsonl"))
     }
 
     /// A fleet worker's own tail rejects (`rekey worker --tail`).
-    pub fn worker_tail_rejects(&self, worker: &str) -> PathBuf {
+    pub(crate) fn worker_tail_rejects(&self, worker: &str) -> PathBuf {
         self.0.join(format!("tail-rejects-{worker}.jsonl"))
     }
 
     /// Items `rekey undo` could not compute its undo for.
-    pub fn undo_rejects(&self) -> PathBuf {
+    pub(crate) fn undo_rejects(&self) -> PathBuf {
         self.0.join("undo-rejects.jsonl")
     }
 
-    pub fn tail_rejects(&self) -> PathBuf {
+    pub(crate) fn tail_rejects(&self) -> PathBuf {
         self.0.join("tail-rejects.jsonl")
     }
 
     /// Target items the reverse tail could not write back to the source.
-    pub fn reverse_rejects(&self) -> PathBuf {
+    pub(crate) fn reverse_rejects(&self) -> PathBuf {
         self.0.join("reverse-rejects.jsonl")
     }
 
     /// One progress sample a second, of the backfill.
-    pub fn progress_log(&self) -> PathBuf {
+    pub(crate) fn progress_log(&self) -> PathBuf {
         self.0.join("progress.jsonl")
     }
 
@@ -189,7 +189,7 @@ impl StateDir {
         self.verify_store().join("progress.jsonl")
     }
 
-    pub fn expected_keys(&self) -> PathBuf {
+    pub(crate) fn expected_keys(&self) -> PathBuf {
         self.verify_store().join("expected.redb")
     }
 

@@ -10,7 +10,7 @@
 //! A bad line is an error for that line only, with its number; the rest is read.
 //! A line is read by [`parse_line`], the pure parser the export reader uses too.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -77,7 +77,9 @@ fn looks_line_delimited(text: &str) -> bool {
 }
 
 /// Stream items from any reader of line-delimited DynamoDB JSON.
-pub fn lines<R: Read>(r: R) -> impl Iterator<Item = Entry> {
+#[cfg(test)]
+pub(crate) fn lines<R: Read>(r: R) -> impl Iterator<Item = Entry> {
+    use std::io::BufRead as _;
     BufReader::new(r)
         .lines()
         .enumerate()

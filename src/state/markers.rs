@@ -36,7 +36,7 @@ pub struct Ledger {
 
 /// A round being written by this process. Dropped without [`Flight::done`]
 /// (a stop cancelled it, or it failed), its round is abandoned.
-pub struct Flight {
+pub(crate) struct Flight {
     path: PathBuf,
 }
 
@@ -52,7 +52,7 @@ impl Ledger {
     }
 
     /// Records `round` before its first marker is written.
-    pub fn begin(&self, round: &Round) -> anyhow::Result<Flight> {
+    pub(crate) fn begin(&self, round: &Round) -> anyhow::Result<Flight> {
         let path = self.dir.join(format!("{}-{}.json", round.id, round.from));
         in_flight()
             .lock()

@@ -10,16 +10,16 @@
 //! sled takes an exclusive file lock: a second process driving the same plan
 //! gets [`StateError::Locked`] instead of corrupting the first one's progress.
 
-pub mod claims;
-pub mod control;
-pub mod dir;
-pub mod echoes;
+pub(crate) mod claims;
+pub(crate) mod control;
+pub(crate) mod dir;
+pub(crate) mod echoes;
 pub mod fleet;
-pub mod itemfile;
+pub(crate) mod itemfile;
 pub mod markers;
-pub mod rejects;
-pub mod snapshot;
-pub mod spill;
+pub(crate) mod rejects;
+pub(crate) mod snapshot;
+pub(crate) mod spill;
 
 pub use dir::StateDir;
 
@@ -168,10 +168,6 @@ impl StateStore {
         Ok(store)
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn err(&self, e: impl std::fmt::Display) -> StateError {
         StateError::Store {
             dir: self.dir.clone(),
@@ -199,7 +195,10 @@ impl StateStore {
     }
 
     /// Write several keys atomically: all or none survive a crash.
-    pub fn put_batch(&self, entries: &[(&str, serde_json::Value)]) -> Result<(), StateError> {
+    pub(crate) fn put_batch(
+        &self,
+        entries: &[(&str, serde_json::Value)],
+    ) -> Result<(), StateError> {
         let mut batch = sled::Batch::default();
         for (k, v) in entries {
             batch.insert(
@@ -216,7 +215,7 @@ impl StateStore {
     }
 
     /// The first `limit` keys under `prefix`, in key order, with their values.
-    pub fn scan_prefix_limit<T: DeserializeOwned>(
+    pub(crate) fn scan_prefix_limit<T: DeserializeOwned>(
         &self,
         prefix: &str,
         limit: usize,
@@ -233,7 +232,7 @@ impl StateStore {
     }
 
     /// Every key under `prefix`, with its value.
-    pub fn scan_prefix<T: DeserializeOwned>(
+    pub(crate) fn scan_prefix<T: DeserializeOwned>(
         &self,
         prefix: &str,
     ) -> Result<Vec<(String, T)>, StateError> {
@@ -271,7 +270,7 @@ impl StateStore {
 
     /// Keys under `prefix` with their values, in ascending key order, streamed
     /// from disk (for sets larger than memory).
-    pub fn iter_prefix<T: DeserializeOwned>(
+    pub(crate) fn iter_prefix<T: DeserializeOwned>(
         &self,
         prefix: &str,
     ) -> impl Iterator<Item = Result<(String, T), StateError>> + '_ {
@@ -286,7 +285,7 @@ impl StateStore {
 
     /// Up to `limit` keys under `prefix` that sort after `after`, with their
     /// values: for walking a large set a chunk at a time without holding it.
-    pub fn chunk_after<T: DeserializeOwned>(
+    pub(crate) fn chunk_after<T: DeserializeOwned>(
         &self,
         prefix: &str,
         after: &str,
@@ -312,7 +311,7 @@ impl StateStore {
     }
 
     /// Remove every key under `prefix`; returns how many.
-    pub fn remove_prefix(&self, prefix: &str) -> Result<u64, StateError> {
+    pub(crate) fn remove_prefix(&self, prefix: &str) -> Result<u64, StateError> {
         let mut n = 0;
         let mut batch = sled::Batch::default();
         for kv in self.db.scan_prefix(prefix).keys() {
@@ -332,7 +331,7 @@ impl StateStore {
 /// Where a backfill (or an undo) is, kept in its store for resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum BackfillStage {
+pub(crate) enum BackfillStage {
     Backfilling,
     BackfillDone,
 }

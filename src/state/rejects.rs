@@ -96,14 +96,6 @@ impl RejectsFile {
         Ok(())
     }
 
-    pub fn written(&self) -> u64 {
-        self.written
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     pub fn finish(mut self) -> anyhow::Result<()> {
         self.out
             .flush()

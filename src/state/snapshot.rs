@@ -52,7 +52,7 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// Timestamps as RFC 3339 text (`2026-12-02T17:00:00.500Z`).
-pub mod rfc3339 {
+pub(crate) mod rfc3339 {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 
@@ -69,7 +69,7 @@ pub mod rfc3339 {
 }
 
 /// Optional timestamps as RFC 3339 text, `null` when absent.
-pub mod rfc3339_opt {
+pub(crate) mod rfc3339_opt {
     use chrono::{DateTime, SecondsFormat, Utc};
     use serde::{Deserialize, Deserializer, Serializer};
 

@@ -663,6 +663,115 @@ fn architecture_invariant_the_shipped_binary_carries_no_test_machinery() {
     assert!(dev.contains_key("rekey-testkit"), "tests use the testkit");
 }
 
+/// The modules that may be `pub`, each with the user outside the library
+/// that names it: `main` (src/main.rs), the integration tests and the
+/// `bench_export` example, or the testkit (crates/testkit). Everything else
+/// is `pub(crate)` or private, so `dead_code` sees what nothing calls.
+const PUBLIC_MODULES: &[(&str, &str)] = &[
+    ("aws", "tests: SDK clients, to_sdk_item, error_chain"),
+    (
+        "aws::control",
+        "tests: plant and read the fleet's control table",
+    ),
+    (
+        "aws::export",
+        "testkit writes the exports it reads; tests, the example read them",
+    ),
+    ("aws::item", "tests: delete_item as the application"),
+    ("aws::rate", "tests: a rate Control"),
+    ("aws::streams", "tests: a ShardInfo"),
+    ("aws::write", "tests: put_all seeds tables"),
+    ("core", "tests, testkit: the item model"),
+    ("core::hash", "tests: shard()"),
+    ("core::inverse", "tests: key_injective"),
+    ("core::itemline", "tests: parse_line reads reject files"),
+    ("core::marker", "tests: marker items"),
+    ("core::plan", "tests, testkit, the example: Plan"),
+    ("core::query", "tests: query conditions"),
+    (
+        "core::transform",
+        "testkit's stand-in, the example: transform",
+    ),
+    ("core::value", "tests, testkit, the example: Item and Value"),
+    ("local", "tests, testkit: the local AWS (moto)"),
+    (
+        "local::child",
+        "testkit: its shadow server is a child process",
+    ),
+    ("ops", "main"),
+    (
+        "ops::cli",
+        "main parses the arguments; tests list the commands",
+    ),
+    ("ops::cli::exit", "main: exit codes"),
+    ("ops::commands", "main runs the command"),
+    ("ops::config", "main: the checked Config"),
+    ("ops::demo", "tests: demo items; testkit: DEMO_PLAN"),
+    ("ops::log", "main installs the log subscriber"),
+    ("ops::out", "main prints through it"),
+    ("ops::redact", "tests: redaction"),
+    ("ops::shutdown", "main: signals"),
+    ("phase", "tests call phases directly"),
+    ("phase::backfill", "tests: backfill Counters"),
+    ("phase::error", "main: Stopped's exit code"),
+    ("phase::inplace", "tests: in-place decisions"),
+    ("phase::markers", "tests: probe markers"),
+    ("phase::query", "tests: run a query"),
+    ("phase::verify", "tests: wait for the fleet's tail"),
+    ("phase::watch", "tests: a stream Watch"),
+    ("state", "tests: StateDir and StateStore"),
+    ("state::fleet", "tests: the fleet's snapshots and leases"),
+    ("state::fleet::shard", "tests: shard units"),
+    ("state::markers", "tests: the markers ledger"),
+];
+
+/// Every `pub mod` in `src` (test modules aside), as a module path.
+fn public_modules(srcs: &[Source]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for src in srcs {
+        for (n, line) in src.code.lines().enumerate() {
+            let Some(rest) = line.trim_start().strip_prefix("pub mod ") else {
+                continue;
+            };
+            let name: String = rest
+                .bytes()
+                .take_while(|&c| is_ident(c))
+                .map(char::from)
+                .collect();
+            let mut path = src.module.clone();
+            path.push(name);
+            out.insert(path.join("::"), format!("{}:{}", rel(&src.path), n + 1));
+        }
+    }
+    out
+}
+
+/// The public surface stays what its users need (lib.rs, "The public
+/// surface"): a module is `pub` only when listed in [`PUBLIC_MODULES`] with
+/// the user that needs it, and a listed module is still `pub`.
+#[test]
+fn architecture_invariant_only_listed_modules_are_public() {
+    let public = public_modules(&sources());
+    let listed: BTreeSet<&str> = PUBLIC_MODULES.iter().map(|(m, _)| *m).collect();
+    let unlisted: Vec<String> = public
+        .iter()
+        .filter(|(m, _)| !listed.contains(m.as_str()))
+        .map(|(m, at)| format!("{at}: `pub mod` {m}"))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "public modules no user outside the library needs (make them pub(crate), or list \
+         them in PUBLIC_MODULES with the user that needs them):\n{}",
+        unlisted.join("\n")
+    );
+    let stale: Vec<&str> = listed
+        .iter()
+        .copied()
+        .filter(|m| !public.contains_key(*m))
+        .collect();
+    assert!(stale.is_empty(), "listed but not `pub mod`: {stale:?}");
+}
+
 // ARCHITECTURE.md itself: a map that stays short, names checks that exist,
 // and links to files and headings that exist.
 

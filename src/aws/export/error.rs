@@ -99,7 +99,7 @@ pub enum ExportError {
 impl ExportError {
     /// An S3 call failed (as opposed to the export's content, or a local
     /// file): the AWS exit code applies.
-    pub fn is_s3_call(&self) -> bool {
+    pub(crate) fn is_s3_call(&self) -> bool {
         matches!(
             self,
             ExportError::S3 { .. } | ExportError::S3Unreachable { .. }

@@ -157,7 +157,7 @@ pub(super) async fn read_summary(
 
 /// Milliseconds since the epoch of an export's RFC 3339 time
 /// (`2020-11-04T07:28:34.028Z`, `…+02:00`); digits past milliseconds are cut.
-pub fn parse_rfc3339_ms(s: &str) -> Result<i64, String> {
+pub(crate) fn parse_rfc3339_ms(s: &str) -> Result<i64, String> {
     chrono::DateTime::parse_from_rfc3339(s)
         .map(|t| t.timestamp_millis())
         .map_err(|e| format!("`{s}` is not an RFC 3339 time: {e}"))

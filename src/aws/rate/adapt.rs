@@ -39,23 +39,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// A cut leaves the rate at this share of the limit found.
-pub const CUT_TO: f64 = 0.9;
+pub(crate) const CUT_TO: f64 = 0.9;
 /// After a cut the rate holds this long; throttles in it are the same burst.
-pub const HOLD: Duration = Duration::from_secs(1);
+pub(crate) const HOLD: Duration = Duration::from_secs(1);
 /// Seconds (after the hold) to climb from a 10 % cut back to the limit found.
-pub const APPROACH: f64 = 8.0;
+pub(crate) const APPROACH: f64 = 8.0;
 /// Above the limit found: the first second's step, as a share of it…
-pub const PROBE: f64 = 0.01;
+pub(crate) const PROBE: f64 = 0.01;
 /// …growing by this share every second.
-pub const PROBE_GROWTH: f64 = 0.05;
+pub(crate) const PROBE_GROWTH: f64 = 0.05;
 /// The rate never goes below this share of the ceiling.
-pub const FLOOR: f64 = 0.01;
+pub(crate) const FLOOR: f64 = 0.01;
 /// One signal finds a limit of at least this share of the rate.
-pub const LEAST: f64 = 0.5;
+pub(crate) const LEAST: f64 = 0.5;
 /// With nothing measured, the limit is taken to be this share of the rate.
-pub const UNMEASURED: f64 = 0.7;
+pub(crate) const UNMEASURED: f64 = 0.7;
 /// The rate climbs only while at least this share of it is used.
-pub const IN_USE: f64 = 0.8;
+pub(crate) const IN_USE: f64 = 0.8;
 
 #[derive(Debug, Clone)]
 pub struct Adaptive {
@@ -88,17 +88,13 @@ impl Adaptive {
         self.rate
     }
 
-    pub fn ceiling(&self) -> f64 {
-        self.ceiling
-    }
-
     /// The limit found at the last throttle, if there was one.
     pub fn limit(&self) -> Option<f64> {
         self.limit
     }
 
     /// Whether a throttle at `now` would be a new signal (not the burst of the last cut).
-    pub fn is_new_signal(&self, now: Instant) -> bool {
+    pub(crate) fn is_new_signal(&self, now: Instant) -> bool {
         self.cut
             .is_none_or(|(at, _)| now.saturating_duration_since(at) >= HOLD)
     }
@@ -166,7 +162,8 @@ impl Adaptive {
     }
 
     /// A new ceiling from the operator: start again at it, the limit found forgotten.
-    pub fn reset(&mut self, ceiling: f64) {
+    #[cfg(test)]
+    pub(crate) fn reset(&mut self, ceiling: f64) {
         *self = Adaptive::new(ceiling);
     }
 }
@@ -175,7 +172,7 @@ impl Adaptive {
 /// counts: the current second's, and the previous one's weighted by the part
 /// of it still in the window. Cheap enough to keep per key.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Recent {
+pub(crate) struct Recent {
     second: u64,
     current: f64,
     previous: f64,
@@ -207,7 +204,7 @@ impl Recent {
     }
 
     /// Units in the second up to `now`.
-    pub fn last_second(&self, epoch: Instant, now: Instant) -> f64 {
+    pub(crate) fn last_second(&self, epoch: Instant, now: Instant) -> f64 {
         let (second, frac) = Recent::clock(epoch, now);
         let mut r = *self;
         r.roll(second);
@@ -215,7 +212,7 @@ impl Recent {
     }
 
     /// Nothing counted in the last two seconds.
-    pub fn is_idle(&self, epoch: Instant, now: Instant) -> bool {
+    pub(crate) fn is_idle(&self, epoch: Instant, now: Instant) -> bool {
         let (second, _) = Recent::clock(epoch, now);
         second > self.second + 1
     }

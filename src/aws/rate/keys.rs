@@ -31,22 +31,22 @@ use tokio::time::Instant;
 use super::adapt::{Adaptive, Recent};
 
 /// A refused key sent at least this share of its allowance in the last second: busy.
-pub const BUSY: f64 = 0.2;
+pub(crate) const BUSY: f64 = 0.2;
 /// What DynamoDB's ThrottlingReasons said last decides for UnprocessedItems this long.
-pub const MEMORY: Duration = Duration::from_secs(60);
+pub(crate) const MEMORY: Duration = Duration::from_secs(60);
 /// A limited key with no write for this long is forgotten.
-pub const IDLE: Duration = Duration::from_secs(30);
+pub(crate) const IDLE: Duration = Duration::from_secs(30);
 
 /// Whose limit a throttle hit, as far as the keys can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
+pub(crate) enum Blame {
     /// The refused keys' own: only they slow down.
     Keys,
     /// The table's (or unknown): the table's rate comes down.
     Table,
 }
 
-pub struct KeyRates {
+pub(crate) struct KeyRates {
     ceiling: f64,
     /// Seconds of its rate a limited key may send at once.
     burst: f64,
@@ -87,7 +87,7 @@ struct Limited {
 
 /// The limited keys' rates, for progress samples.
 #[derive(Debug, Clone, serde::Serialize, PartialEq)]
-pub struct KeyRatesSummary {
+pub(crate) struct KeyRatesSummary {
     pub limited: usize,
     pub min: f64,
     pub median: f64,
@@ -214,7 +214,8 @@ impl KeyRates {
     }
 
     /// Keys counted and keys limited: what memory holds.
-    pub fn sizes(&self) -> (usize, usize) {
+    #[cfg(test)]
+    pub(crate) fn sizes(&self) -> (usize, usize) {
         let k = self.lock();
         (k.seen.len(), k.limited.len())
     }

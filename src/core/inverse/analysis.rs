@@ -82,7 +82,7 @@ pub fn reversibility(plan: &Plan) -> Vec<RuleReversibility> {
 }
 
 /// What the operator should know about the plan's reverse as a whole.
-pub fn plan_notes(plan: &Plan) -> Vec<String> {
+pub(crate) fn plan_notes(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
     if plan.mode == Mode::Rekey && plan.unmatched == Unmatched::Copy {
         out.push("unmatched = \"copy\": a target item no rule's target key matches is taken as copied unchanged, and reverses to itself; this assumes no source item already had the shape of a rule's target key".to_string());

@@ -46,7 +46,7 @@ pub enum Irreversible {
 
 impl Irreversible {
     /// Whether every item of the rule is lost (else only some are ambiguous).
-    pub fn every_item(&self) -> bool {
+    pub(crate) fn every_item(&self) -> bool {
         !matches!(
             self,
             Irreversible::Adjacent { .. } | Irreversible::Overlap { .. }

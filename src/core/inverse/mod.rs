@@ -55,7 +55,8 @@ use crate::core::template::{RenderError, Scope, Template};
 use crate::core::transform::match_rule;
 use crate::core::value::{Item, ScalarType, Value, is_valid_number};
 
-pub use analysis::{RuleReversibility, plan_notes, reversibility};
+pub(crate) use analysis::plan_notes;
+pub use analysis::{RuleReversibility, reversibility};
 pub use injective::key_injective;
 pub use irreversible::{Irreversible, Removal};
 
@@ -123,8 +124,9 @@ pub enum InverseReason {
 }
 
 impl InverseReason {
-    /// A short stable label for grouping in reports.
-    pub fn kind(&self) -> String {
+    /// A short stable label for grouping (the tests group by it).
+    #[cfg(test)]
+    pub(crate) fn kind(&self) -> String {
         match self {
             InverseReason::InPlace => "in place".into(),
             InverseReason::MissingTargetKey(a) => format!("target key `{a}` missing"),
@@ -191,7 +193,7 @@ fn names(rules: &[String]) -> String {
 /// key templates reads: the key read back without it is still the key (a
 /// key part computed from it could not be recomputed, and might then look
 /// like a wrong one).
-pub fn removed_off_key(rule: &crate::core::plan::Rule, lost: &Irreversible) -> bool {
+pub(crate) fn removed_off_key(rule: &crate::core::plan::Rule, lost: &Irreversible) -> bool {
     let Irreversible::Removed { attr, .. } = lost else {
         return false;
     };
@@ -208,7 +210,7 @@ pub fn inverse(plan: &Plan, target: &Item) -> InverseOutcome {
 }
 
 /// The inverse of one plan, its rules compiled once.
-pub struct Inverter<'p> {
+pub(crate) struct Inverter<'p> {
     plan: &'p Plan,
     rules: Vec<RuleInverse<'p>>,
     /// Only the source key is wanted ([`Inverter::keys`]).
@@ -284,7 +286,7 @@ impl<'p> Inverter<'p> {
         }
     }
 
-    pub fn invert(&self, target: &Item) -> InverseOutcome {
+    pub(crate) fn invert(&self, target: &Item) -> InverseOutcome {
         match self.invert_inner(target) {
             Ok(Some((rule, item))) => InverseOutcome::Put { rule, item },
             Ok(None) => InverseOutcome::Skip,

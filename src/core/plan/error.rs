@@ -49,7 +49,7 @@ impl fmt::Display for PlanErrors {
 }
 
 /// 1-based line and column (in characters) of a byte offset.
-pub fn line_col(src: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(src: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(src.len());
     let before = &src[..src.floor_char_boundary(offset)];
     let line = before.matches('\n').count() + 1;

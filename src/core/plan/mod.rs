@@ -24,7 +24,7 @@ use crate::core::hash::HashFn;
 use crate::core::template::{Shape, Template};
 use crate::core::value::ScalarType;
 
-pub use error::{PlanError, PlanErrors, line_col};
+pub use error::{PlanError, PlanErrors};
 
 use error::Cx;
 use raw::RawPlan;
@@ -170,20 +170,6 @@ impl Plan {
         cx.errors.sort_by_key(|e| e.position);
         Err(PlanErrors(cx.errors))
     }
-
-    /// The rule named `name`, for reports.
-    pub fn rule_index(&self, name: &str) -> Option<usize> {
-        self.rules.iter().position(|r| r.name == name)
-    }
-
-    /// Every attribute name the plan writes outside the target key: the
-    /// attributes the in-place mode owns.
-    pub fn set_attribute_names(&self) -> BTreeSet<&str> {
-        self.rules
-            .iter()
-            .flat_map(|r| r.set.iter().map(|s| s.name.as_str()))
-            .collect()
-    }
 }
 
 impl Rule {
@@ -208,7 +194,7 @@ impl Plan {
     /// The attributes whose values decide what rule `index` computes for an
     /// item: what the rule reads, and the attributes the shapes of every
     /// earlier rule match (a change there could make an earlier rule apply).
-    pub fn inputs(&self, index: usize) -> BTreeSet<&str> {
+    pub(crate) fn inputs(&self, index: usize) -> BTreeSet<&str> {
         let mut out: BTreeSet<&str> = self.rules[..index]
             .iter()
             .flat_map(|r| r.matchers.iter().map(|(a, _)| a.as_str()))

@@ -25,7 +25,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD as BASE64URL;
 use super::keys::LogicalKey;
 use super::range::{Order, SkCondition, SkRange};
 
-pub const VERSION: u64 = 1;
+pub(crate) const VERSION: u64 = 1;
 
 /// Why a `--cursor` cannot be used; bad input (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

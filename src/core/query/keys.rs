@@ -18,7 +18,7 @@ use crate::core::value::is_valid_number;
 
 /// Why a logical key cannot be read; every case is bad input (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     #[error(
         "the target table has no sort key: each partition key holds one item, read it with GetItem"
     )]
@@ -54,7 +54,7 @@ pub enum KeyError {
 }
 
 /// Most partition keys one read fans out to: every page queries each of them.
-pub const MAX_KEYS: usize = 10_000;
+pub(crate) const MAX_KEYS: usize = 10_000;
 
 /// `--from` and `--to`: ISO-8601 text or epoch seconds/milliseconds, as
 /// `bucket()` reads them.
@@ -110,7 +110,7 @@ fn pk_template<'p>(plan: &'p Plan, rule: &'p Rule) -> Option<&'p Template> {
 
 /// The rule `--rule` names, or the one rule whose partition key reads
 /// exactly the `--where` names.
-pub fn pick_rule<'p>(
+pub(crate) fn pick_rule<'p>(
     plan: &'p Plan,
     rule: Option<&str>,
     given: &BTreeMap<String, String>,
@@ -150,7 +150,7 @@ pub fn pick_rule<'p>(
 }
 
 /// Render every partition key of `rule` for the `--where` values and the time range.
-pub fn render(
+pub(crate) fn render(
     plan: &Plan,
     rule: &Rule,
     given: &BTreeMap<String, String>,

@@ -12,7 +12,7 @@ use super::range::{KeyCondition, Order, SkCondition};
 
 /// Partition key → sort key → an item value.
 #[derive(Debug, Clone, Default)]
-pub struct MemTable(pub BTreeMap<String, BTreeMap<String, String>>);
+pub(crate) struct MemTable(pub BTreeMap<String, BTreeMap<String, String>>);
 
 /// One Query's answer: the sort keys and values, and the LastEvaluatedKey's sort key.
 pub type Answer = (Vec<(String, String)>, Option<String>);

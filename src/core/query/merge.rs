@@ -23,7 +23,7 @@ use super::range::{Bound, Order, SkCondition, SkRange};
 
 /// An item of the merged stream: the index of its partition key, its sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry<T> {
+pub(crate) struct Entry<T> {
     pub key: usize,
     pub sk: String,
     pub item: T,
@@ -35,7 +35,7 @@ struct Source<T> {
     done: bool,
 }
 
-pub struct PageRun<T> {
+pub(crate) struct PageRun<T> {
     order: Order,
     limit: usize,
     sources: Vec<Source<T>>,
@@ -87,7 +87,7 @@ impl<T> PageRun<T> {
 
     /// How many items a fetch needs at most: what the page still lacks, and
     /// one more to know whether another page follows.
-    pub fn fetch_limit(&self) -> usize {
+    pub(crate) fn fetch_limit(&self) -> usize {
         self.limit - self.out.len() + 1
     }
 

@@ -15,17 +15,18 @@
 //! and why paging neither repeats nor skips an item while the table changes,
 //! is in `docs/read-path.md`.
 
-pub mod cursor;
-pub mod keys;
+pub(crate) mod cursor;
+pub(crate) mod keys;
 #[cfg(test)]
 mod memory;
-pub mod merge;
-pub mod range;
+pub(crate) mod merge;
+pub(crate) mod range;
 
 #[cfg(test)]
 mod tests;
 
 pub use cursor::{Cursor, CursorError, QueryId};
-pub use keys::{KeyError, LogicalKey, TimeRange};
-pub use merge::{Entry, PageRun};
-pub use range::{KeyCondition, Order, SkCondition, SkRange};
+pub use keys::{LogicalKey, TimeRange};
+pub(crate) use merge::PageRun;
+pub(crate) use range::KeyCondition;
+pub use range::{Order, SkCondition};

@@ -37,14 +37,14 @@ impl Order {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bound {
+pub(crate) struct Bound {
     pub value: String,
     pub inclusive: bool,
 }
 
 /// A set of sort keys: between the bounds and starting with the prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SkRange {
+pub(crate) struct SkRange {
     pub lower: Option<Bound>,
     pub upper: Option<Bound>,
     pub prefix: Option<String>,
@@ -52,7 +52,7 @@ pub struct SkRange {
 
 /// One DynamoDB condition on the sort key (`None`: the whole partition).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyCondition {
+pub(crate) enum KeyCondition {
     None,
     BeginsWith(String),
     Between(String, String),
@@ -108,7 +108,7 @@ impl SkRange {
     }
 
     /// `sk`, read in `order`, is past the far end: nothing after it is in range.
-    pub fn is_past_end(&self, sk: &str, order: Order) -> bool {
+    pub(crate) fn is_past_end(&self, sk: &str, order: Order) -> bool {
         let outside_prefix = |beyond: bool| {
             self.prefix
                 .as_ref()
@@ -133,7 +133,7 @@ impl SkRange {
     }
 
     /// The tightest single condition DynamoDB accepts that holds every key of the range.
-    pub fn key_condition(&self) -> KeyCondition {
+    pub(crate) fn key_condition(&self) -> KeyCondition {
         let v = |b: &Bound| b.value.clone();
         match (&self.lower, &self.upper, &self.prefix) {
             (Some(l), Some(u), _) => KeyCondition::Between(v(l), v(u)),

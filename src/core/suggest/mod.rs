@@ -21,9 +21,9 @@
 //! The parts: `shape` (delimiters, literal or variable segments, capture
 //! names, times), `shard` (the count), `render` (the plan's TOML).
 
-pub mod render;
-pub mod shape;
-pub mod shard;
+pub(crate) mod render;
+pub(crate) mod shape;
+pub(crate) mod shard;
 
 use std::collections::HashMap;
 
@@ -96,10 +96,6 @@ impl Sample {
     /// Items sampled.
     pub fn len(&self) -> u64 {
         self.keys.len() as u64 + self.non_string
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub fn keys(&self) -> &[SampledKey] {

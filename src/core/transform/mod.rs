@@ -119,13 +119,16 @@ impl fmt::Display for Reject {
 
 /// Capture name → captured text, in shape order, borrowed from the plan
 /// and the item.
-pub type Captures<'a> = Vec<(&'a str, &'a str)>;
+pub(crate) type Captures<'a> = Vec<(&'a str, &'a str)>;
 
 mod owned;
 pub use owned::{Owned, Remnant, transform_owned};
 
 /// The first rule whose shapes all match, with its index and captures.
-pub fn match_rule<'a>(plan: &'a Plan, item: &'a Item) -> Option<(usize, &'a Rule, Captures<'a>)> {
+pub(crate) fn match_rule<'a>(
+    plan: &'a Plan,
+    item: &'a Item,
+) -> Option<(usize, &'a Rule, Captures<'a>)> {
     'rules: for (i, rule) in plan.rules.iter().enumerate() {
         let mut captures = Vec::new();
         for (attr, shape) in &rule.matchers {

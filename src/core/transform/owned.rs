@@ -42,7 +42,7 @@ pub struct Remnant<'p> {
 
 impl Remnant<'_> {
     /// The source item, from the target it was turned into.
-    pub fn restore(self, mut target: Item) -> Item {
+    pub(crate) fn restore(self, mut target: Item) -> Item {
         for name in &self.added {
             target.remove(name.as_ref());
         }
@@ -51,7 +51,7 @@ impl Remnant<'_> {
     }
 
     /// A source attribute's value, beside the target it was turned into.
-    pub fn source_value<'a>(&'a self, target: &'a Item, name: &str) -> Option<&'a Value> {
+    pub(crate) fn source_value<'a>(&'a self, target: &'a Item, name: &str) -> Option<&'a Value> {
         match self.taken.iter().find(|(n, _)| n == name) {
             Some((_, v)) => Some(v),
             None if self.added.iter().any(|a| a == name) => None,

@@ -181,7 +181,10 @@ impl TryFrom<Cli> for Config {
 
 impl Config {
     /// The conversion, with `env` for environment lookups.
-    pub fn from_args(cli: Cli, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
+    pub(crate) fn from_args(
+        cli: Cli,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Config> {
         let Cli {
             aws,
             quiet,

@@ -17,7 +17,7 @@ use crate::phase::progress::Progress;
 
 /// Both tables scanned after `finish`, compared independently of verify.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct FinalCheck {
+pub(crate) struct FinalCheck {
     pub source_items: u64,
     /// Source items the plan puts in the target (the rest it rejects or skips).
     pub expected: u64,
@@ -46,7 +46,7 @@ pub(super) async fn final_check(
 }
 
 /// The target against transform(source), item by item.
-pub fn compare(plan: &Plan, source: &[Item], target: &[Item]) -> FinalCheck {
+pub(crate) fn compare(plan: &Plan, source: &[Item], target: &[Item]) -> FinalCheck {
     use std::collections::BTreeMap;
     let names = plan.target_key.names();
     let expected: BTreeMap<Vec<u8>, Item> = source

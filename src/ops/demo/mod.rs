@@ -53,10 +53,9 @@ use crate::phase::verify::VerifyOptions;
 use crate::state::StateDir;
 use crate::state::snapshot::show_time;
 
-pub use check::{FinalCheck, compare};
-pub use summary::{HotSide, Hottest, Summary, render};
+pub(crate) use summary::{Hottest, Summary, render};
 pub use workload::generate;
-pub use writer::WriterReport;
+pub(crate) use writer::WriterReport;
 
 use check::final_check;
 use workload::{OrderKey, order_key};
@@ -67,13 +66,13 @@ pub const DEMO_PLAN: &str = include_str!("../../../plans/tenant-day-shard.toml")
 /// rate, at which the hot tenant-day key crosses 1,000 WCU/s in the old
 /// design. (The demo's own writer runs far slower: the local server is the
 /// bottleneck, and the estimate is per rate anyway.)
-pub const DEMO_APP_WRITE_RATE: f64 = 3000.0;
+pub(crate) const DEMO_APP_WRITE_RATE: f64 = 3000.0;
 /// Writes/s of the demo's application while the migration runs: steady live
 /// traffic for the tail to carry and verify to re-check. Each write costs the
 /// local server (moto: one request at a time) about as much as ~3 items of a
 /// batch, twice over (the source, then the tail's write to the target), so a
 /// higher rate would slow the migration it shows.
-pub const DEMO_WRITER_RATE: f64 = 50.0;
+pub(crate) const DEMO_WRITER_RATE: f64 = 50.0;
 
 /// How long the demo waits for a drain barrier, or for cutover's gates.
 const WAIT: Duration = Duration::from_secs(120);
@@ -98,14 +97,14 @@ pub struct DemoOptions {
 /// The DynamoDB endpoint the environment names (AWS_ENDPOINT_URL_DYNAMODB,
 /// then AWS_ENDPOINT_URL; `env` looks a variable up), as for the other
 /// commands: the demo runs there instead of starting its own server.
-pub fn endpoint_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn endpoint_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     ["AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL"]
         .iter()
         .find_map(|v| env(v).filter(|u| !u.is_empty()))
 }
 
 /// A demo with its tables loaded and analyzed, ready to migrate.
-pub struct Demo {
+pub(crate) struct Demo {
     pub plan: Plan,
     /// Analyze on the loaded source, before the migration (the command
     /// layer redacts it before showing it; the summary reuses it).
@@ -356,7 +355,7 @@ async fn switch(
 
 impl Demo {
     /// The migration under live writes, cutover, finish, and the final check.
-    pub async fn migrate(self, progress: &Progress) -> anyhow::Result<Summary> {
+    pub(crate) async fn migrate(self, progress: &Progress) -> anyhow::Result<Summary> {
         let Demo {
             plan,
             report,

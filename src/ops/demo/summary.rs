@@ -12,7 +12,7 @@ use crate::state::snapshot::VerifyResult;
 
 /// The demo's before/after, printed by `rekey demo` (as JSON with `--json`).
 #[derive(Debug, Clone, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Cut over and finished (or the demo fails), verify clean, and the
     /// target equal to the plan applied to the source.
     pub completed: bool,
@@ -39,7 +39,7 @@ pub struct Summary {
 
 /// The hottest partition key of each design, from analyze's report.
 #[derive(Debug, Clone, Serialize)]
-pub struct Hottest {
+pub(crate) struct Hottest {
     /// Application writes/s of the estimate, spread as the items are.
     pub app_write_rate: Option<f64>,
     pub old: HotSide,
@@ -47,7 +47,7 @@ pub struct Hottest {
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct HotSide {
+pub(crate) struct HotSide {
     /// Redacted unless `--show-keys`.
     pub key: String,
     pub item_share: f64,
@@ -80,7 +80,7 @@ impl Hottest {
 }
 
 /// The summary for people: before/after, the migration, the time it took.
-pub fn render(s: &Summary) -> String {
+pub(crate) fn render(s: &Summary) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let w = &mut o;

@@ -15,7 +15,7 @@ use crate::core::value::{Item, Value};
 
 /// What the demo's application wrote to the source during the migration.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct WriterReport {
+pub(crate) struct WriterReport {
     /// The rate it was asked for, writes/s.
     pub rate: f64,
     pub inserts: u64,

@@ -1,9 +1,9 @@
 //! `rekey iam-policy`: the least-privilege IAM policy a plan's commands need.
 //!
-//! The policy is built from [`ACTIONS_USED`], the AWS API actions the code
-//! calls, each with the SDK method that calls it and the module it is called
-//! in (a unit test checks that the method really appears there). Nothing else
-//! is ever granted.
+//! Unit tests hold the policy to `ACTIONS_USED` (compiled for tests only), the
+//! AWS API actions the code calls, each with the SDK method that calls it and
+//! the module it is called in (a unit test checks that the method really
+//! appears there). Nothing else is ever granted.
 //!
 //! What each command calls, by table:
 //!
@@ -129,6 +129,7 @@ pub struct PolicyOptions {
 
 /// One AWS action the code calls: the IAM action, the SDK method that makes
 /// the call, and the source files it is called from.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy)]
 pub struct ActionUse {
     pub action: &'static str,
@@ -136,6 +137,7 @@ pub struct ActionUse {
     pub called_in: &'static [&'static str],
 }
 
+#[cfg(test)]
 const fn used(
     action: &'static str,
     sdk_method: &'static str,
@@ -150,6 +152,7 @@ const fn used(
 
 /// Every AWS action rekey's commands call (the demo's and tests' CreateTable
 /// and UpdateTable against the local server aside).
+#[cfg(test)]
 pub const ACTIONS_USED: &[ActionUse] = &[
     used(
         "dynamodb:DescribeTable",
@@ -251,7 +254,7 @@ pub const IMPORT_ON_BEHALF: &[&str] = &[
 use crate::core::marker::MARKER_PREFIX;
 
 /// Statement ids, one per purpose.
-pub mod sid {
+pub(crate) mod sid {
     pub const SOURCE: &str = "SourceTable";
     pub const TARGET: &str = "TargetTable";
     /// In place: the source is the target.
@@ -526,7 +529,8 @@ fn statement(sid: &'static str, actions: &BTreeSet<&'static str>, resource: Stri
 }
 
 /// The policy for `opts.commands` on `plan`'s tables, as JSON.
-pub fn policy(plan: &Plan, opts: &PolicyOptions) -> Json {
+#[cfg(test)]
+pub(crate) fn policy(plan: &Plan, opts: &PolicyOptions) -> Json {
     serde_json::to_value(document(plan, opts)).unwrap_or(Json::Null)
 }
 

@@ -117,7 +117,7 @@ impl PlanRedactor {
         }
     }
 
-    pub fn source_value(&self, attr: &str, value: &str) -> String {
+    pub(crate) fn source_value(&self, attr: &str, value: &str) -> String {
         self.redactor
             .shaped(value, self.source.get(attr).map_or(&[], Vec::as_slice))
     }

@@ -8,7 +8,7 @@
 //! Everything is exact: collisions are found by an external sort-aggregate over
 //! every target key, not sampled; cardinalities are counts of distinct keys.
 
-pub mod render;
+pub(crate) mod render;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -487,10 +487,6 @@ impl<'p> Analyzer<'p> {
 
     pub fn add_consumed(&mut self, rcu: f64) {
         self.consumed_rcu += rcu;
-    }
-
-    pub fn scanned(&self) -> u64 {
-        self.scanned
     }
 
     pub fn add(&mut self, item: &Item) -> anyhow::Result<()> {

@@ -44,7 +44,7 @@ use crate::state::claims::Claims;
 use crate::state::rejects::RejectsFile;
 use crate::state::{BackfillStage, StateDir, StateStore};
 
-pub mod fleet;
+pub(crate) mod fleet;
 mod import;
 mod ledger;
 mod page;

@@ -44,7 +44,8 @@ pub struct FleetBarrier {
 }
 
 /// Where barrier `id` was observed: (shard, the marker's creation time).
-pub fn observed(id: &str, shards: &[ShardUnit]) -> Option<(String, f64)> {
+#[cfg(test)]
+pub(crate) fn observed(id: &str, shards: &[ShardUnit]) -> Option<(String, f64)> {
     shards
         .iter()
         .find_map(|u| u.barriers.get(id).map(|at| (u.id.clone(), *at)))

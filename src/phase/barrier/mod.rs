@@ -31,13 +31,13 @@
 //! Invariant: a barrier is complete only after every change written to the
 //! source before its start has been applied to the target.
 
-pub mod fleet;
+pub(crate) mod fleet;
 
 use std::time::Duration;
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
-pub use crate::phase::markers::{Markers, ROUND_EVERY, is_probe, new_id, new_probe_id, round_size};
+pub(crate) use crate::phase::markers::{Markers, ROUND_EVERY, new_id, round_size};
 use crate::phase::tail::Flow;
 use crate::state::StateDir;
 use crate::state::snapshot::{self, ShardPhase, TailStatus};

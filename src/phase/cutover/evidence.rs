@@ -15,8 +15,6 @@ use crate::state::snapshot::{self, BackfillStatus, CutoverRecord, TailStatus, Ve
 #[derive(Debug, Clone, Default)]
 pub struct FleetEvidence {
     pub at: String,
-    /// Every unit done ("backfill done"), epoch ms.
-    pub done_ms: Option<i64>,
     pub totals: Counters,
     /// `--from-export`: the export the backfill read and the time of its
     /// data (`export ID at LOCATION, data as of TIME`); None: a Scan.
@@ -151,7 +149,6 @@ impl Evidence {
         let export = backfill.meta.as_ref().and_then(|m| m.export.as_ref());
         e.fleet = Some(FleetEvidence {
             at: at.display(),
-            done_ms,
             totals,
             export: export.map(|x| {
                 let time = chrono::DateTime::from_timestamp_millis(x.export_time_ms)

@@ -50,9 +50,7 @@ use crate::state::fleet::FleetRef;
 use crate::state::snapshot::{CutoverRecord, Gate};
 use crate::state::{StateDir, StateStore};
 
-pub use evidence::{Evidence, FleetEvidence, FleetTail};
 pub use finish::{FinishReport, finish};
-pub use gates::gates;
 pub use rollback::{rollback, rollback_steps};
 
 use switch::{Switch, record, switch, switched};

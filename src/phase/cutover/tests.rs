@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::evidence::{Evidence, FleetEvidence, FleetTail};
+use super::gates::gates;
 use super::*;
 use crate::state::fleet::Counters;
 use crate::state::fleet::shard::ShardUnit;
@@ -283,7 +285,6 @@ fn a_fleet_cutover_gates_on_the_fleets_backfill_rejects_and_a_verify_after_it() 
     let now = chrono::Utc::now();
     let fleet = FleetEvidence {
         at: "dynamodb://ctl/m".into(),
-        done_ms: Some((now - chrono::Duration::seconds(120)).timestamp_millis()),
         totals: Counters {
             scanned: 10,
             written: 8,

@@ -265,10 +265,10 @@ pub struct TailReport {
 }
 
 mod apply;
-pub mod fleet;
+pub(crate) mod fleet;
 mod flow;
 mod guard;
-pub mod line;
+pub(crate) mod line;
 mod publish;
 
 pub use flow::{Flow, Mapped, Mapper};

@@ -56,9 +56,9 @@ use crate::state::{StateDir, StateStore};
 /// Keys per BatchGetItem call (DynamoDB's limit).
 use crate::aws::item::batch_get;
 
-pub mod fleet;
+pub(crate) mod fleet;
 mod forward;
-pub mod inplace;
+pub(crate) mod inplace;
 mod ledger;
 mod orphans;
 mod recheck;
@@ -69,12 +69,13 @@ mod reverse;
 use forward::forward;
 use ledger::{Ledger, seg_key};
 use orphans::{backward, orphan_pass, recheck_orphans_all};
-pub use recheck::{TailWait, wait_for_fleet_tail, wait_for_tail};
+pub(crate) use recheck::wait_for_tail;
+pub use recheck::{TailWait, wait_for_fleet_tail};
 use recheck::{Watcher, recheck_forward_all};
 use repair::repair;
-pub use report::render;
+pub(crate) use report::render;
 use report::write_mismatches;
-pub use reverse::run_reverse;
+pub(crate) use reverse::run_reverse;
 /// How far past a candidate's discovery the tail must have applied.
 const MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
 /// Re-check rounds before a candidate whose source keeps changing is unconfirmed.
@@ -142,7 +143,7 @@ pub enum Kind {
 
 /// A difference: a candidate while it awaits its re-check, then a mismatch.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Mismatch {
+pub(crate) struct Mismatch {
     pub kind: Kind,
     /// For `unconfirmed`: what it looked like.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -240,7 +241,7 @@ pub fn sampled(encoded_key: &[u8], percent: f64) -> bool {
 }
 
 /// Wilson score interval's upper bound for `k` of `n` at 95 % confidence.
-pub fn wilson_upper(k: u64, n: u64) -> f64 {
+pub(crate) fn wilson_upper(k: u64, n: u64) -> f64 {
     if n == 0 {
         return 1.0;
     }
@@ -252,7 +253,7 @@ pub fn wilson_upper(k: u64, n: u64) -> f64 {
 }
 
 /// Attribute names whose values differ (or exist on one side only).
-pub fn differing_attributes(expected: &Item, actual: &Item) -> Vec<String> {
+pub(crate) fn differing_attributes(expected: &Item, actual: &Item) -> Vec<String> {
     let names: BTreeSet<&String> = expected.keys().chain(actual.keys()).collect();
     names
         .into_iter()
@@ -299,7 +300,7 @@ fn ms_to_time(ms: i64) -> DateTime<Utc> {
 const KEY_RUN: &str = "verify/run";
 const KEY_COUNTS: &str = "verify/counts";
 /// The last finished verify: what a cutover gate reads.
-pub const KEY_LAST: &str = "verify/last";
+pub(crate) const KEY_LAST: &str = "verify/last";
 const CAND: &str = "cand/";
 const OCAND: &str = "ocand/";
 const MM: &str = "mm/";

@@ -34,7 +34,7 @@ pub enum TailWait {
 /// and, in a rollback's window (a reverse tail runs), until the reverse tail
 /// has applied every target write before it too, since either table may
 /// then be the one the application writes.
-pub async fn wait_for_tail(
+pub(crate) async fn wait_for_tail(
     state_dir: &StateDir,
     through: DateTime<Utc>,
     timeout: Duration,

@@ -63,7 +63,7 @@ pub(super) fn write_mismatches(store: &StateStore, path: &Path) -> anyhow::Resul
 }
 
 /// The plain-text report. Keys appear as `‹…›` tokens unless `--show-keys`.
-pub fn render(r: &VerifyReport) -> String {
+pub(crate) fn render(r: &VerifyReport) -> String {
     use std::fmt::Write as _;
     let c = &r.result.counts;
     let mut out = String::new();

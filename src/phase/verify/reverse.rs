@@ -80,7 +80,7 @@ impl Shared {
 
 /// Verify the source against inverse(target); see the module docs. Once
 /// `stop` is cancelled no pass reads another page, and it returns `Stopped`.
-pub async fn run_reverse(
+pub(crate) async fn run_reverse(
     clients: &Clients,
     plan: &Plan,
     opts: &VerifyOptions,

@@ -83,14 +83,6 @@ impl<K: HeldKey> Holdings<K> {
             .unwrap_or_default()
     }
 
-    pub fn len(&self) -> usize {
-        self.held.lock().map(|h| h.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Records a take sent at `sent` (own clock).
     pub fn insert(&self, key: K, lease: u64, sent: Duration, stop: CancellationToken) {
         if let Ok(mut h) = self.held.lock() {

@@ -31,12 +31,12 @@
 //! Target-key claims are `pk = CLAIM#<id>#<md5 of the encoded target key>`
 //! ([`claims`]).
 
-pub mod claims;
-pub mod export;
-pub mod held;
-pub mod lease;
+pub(crate) mod claims;
+pub(crate) mod export;
+pub(crate) mod held;
+pub(crate) mod lease;
 pub mod shard;
-pub mod verify;
+pub(crate) mod verify;
 
 use std::collections::BTreeMap;
 
@@ -276,7 +276,7 @@ impl Snapshot {
 /// What a take was judged on: the item, and the lease counter, owner and
 /// page count read (the take's condition).
 #[derive(Debug, Clone)]
-pub struct Judged {
+pub(crate) struct Judged {
     pub sk: String,
     pub owner: Option<String>,
     pub lease: u64,
@@ -340,7 +340,7 @@ fn text<'a>(it: &'a Item, name: &str) -> Option<&'a str> {
 
 /// Milliseconds since the epoch on this machine's clock: recorded for
 /// people and tests, never compared across machines by the protocol.
-pub fn wall_ms() -> i64 {
+pub(crate) fn wall_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
@@ -443,7 +443,7 @@ impl Fleet {
     }
 
     /// Makes sure unit items `0..count` exist (under this handle's prefix).
-    pub async fn create_units(&self, count: u32) -> Result<(), FleetError> {
+    pub(crate) async fn create_units(&self, count: u32) -> Result<(), FleetError> {
         for u in 0..count {
             self.create_unit(u, None).await?;
         }
@@ -501,7 +501,7 @@ impl Fleet {
 
     /// The workers' records only (the heartbeat's rate shares): a Query of
     /// `WORKER#` items, not of every unit.
-    pub async fn read_workers(&self) -> Result<Snapshot, FleetError> {
+    pub(crate) async fn read_workers(&self) -> Result<Snapshot, FleetError> {
         self.read_prefix(self.workers_prefix()).await
     }
 
@@ -624,15 +624,9 @@ impl Fleet {
         Ok(self.control.update_if(&self.pk(), &at.sk, &e).await? == Cond::Written)
     }
 
-    /// Renews `l`, recording on its grant, in the same write, that its
-    /// holder may write until `until_ms`. Refused when the lease is no
-    /// longer this worker's.
-    pub async fn renew(&self, l: Lease, beat: u64, until_ms: i64) -> Result<Cond, FleetError> {
-        self.renew_at(&self.unit_sk(l.unit), l.lease, beat, until_ms)
-            .await
-    }
-
-    /// The renewal of any leased item by its sort key: see [`Fleet::renew`].
+    /// Renews the lease on the item with sort key `sk`, recording on its
+    /// grant, in the same write, that its holder may write until `until_ms`.
+    /// Refused when the lease is no longer this worker's.
     pub(crate) async fn renew_at(
         &self,
         sk: &str,
@@ -673,7 +667,7 @@ impl Fleet {
     /// [`Fleet::commit`] with any counters (`adds`: name, increment; an
     /// absent counter counts from 0) and `appended` added to the unit's
     /// `diffs` list (the verify's sample of confirmed differences).
-    pub async fn commit_counts(
+    pub(crate) async fn commit_counts(
         &self,
         l: Lease,
         checkpoint: &Checkpoint,
@@ -745,7 +739,7 @@ impl Fleet {
     }
 
     /// This worker's record for `status` and the rate shares.
-    pub async fn report_worker(
+    pub(crate) async fn report_worker(
         &self,
         units: &[u32],
         write_rate: f64,
@@ -779,7 +773,7 @@ impl Fleet {
     }
 
     /// Records that every unit is done: from here the tail may apply.
-    pub async fn mark_done(&self) -> Result<(), FleetError> {
+    pub(crate) async fn mark_done(&self) -> Result<(), FleetError> {
         let e = exprs(
             "SET #done_ms = :now",
             "attribute_not_exists(#done_ms)",
@@ -793,7 +787,7 @@ impl Fleet {
     /// Records that the migration is finished (`rekey finish --state`, after
     /// its last barrier through the fleet's tail): the holders of the
     /// stream's shards stop. The first record stays.
-    pub async fn mark_finished(&self) -> Result<(), FleetError> {
+    pub(crate) async fn mark_finished(&self) -> Result<(), FleetError> {
         let e = exprs(
             "SET #finished_ms = :now",
             "attribute_exists(#pk) AND attribute_not_exists(#finished_ms)",
@@ -805,7 +799,7 @@ impl Fleet {
     }
 
     /// Publishes the fleet tail's progress (`TAIL`), overwriting the last.
-    pub async fn publish_tail(&self, mark: &TailMark) -> Result<(), FleetError> {
+    pub(crate) async fn publish_tail(&self, mark: &TailMark) -> Result<(), FleetError> {
         let mut it = Item::new();
         it.insert(PK.into(), s(&self.pk()));
         it.insert(SK.into(), s("TAIL"));
@@ -842,7 +836,7 @@ impl Fleet {
 
 /// Workers whose heartbeat is recent (three lease durations, on this
 /// machine's clock: only the rate shares depend on it).
-pub fn live_workers(snap: &Snapshot, me: &str, duration: std::time::Duration) -> usize {
+pub(crate) fn live_workers(snap: &Snapshot, me: &str, duration: std::time::Duration) -> usize {
     let fresh = (duration.as_millis() as i64) * 3;
     let now = wall_ms();
     let others = snap

@@ -48,11 +48,11 @@ use crate::core::value::{Item, Value};
 
 /// A buffer chunk's largest compressed size: under DynamoDB's 400 KB item
 /// limit with room for its key and attributes.
-pub const CHUNK_LIMIT: usize = 350_000;
+pub(crate) const CHUNK_LIMIT: usize = 350_000;
 
 /// A shard as a held key: `SHARD#<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ShardKey(pub String);
+pub(crate) struct ShardKey(pub String);
 
 impl HeldKey for ShardKey {
     fn sk(&self, _: &Fleet) -> String {
@@ -91,7 +91,7 @@ pub struct ShardCheckpoint {
 
 /// What a shard commit covers besides its checkpoint.
 #[derive(Debug, Clone, Default)]
-pub struct Covers {
+pub(crate) struct Covers {
     /// Writes to the target (the first such commit records `first_apply_ms`).
     pub applies: bool,
     /// Drain barriers whose marker was among the records applied: (barrier
@@ -103,7 +103,7 @@ pub struct Covers {
 }
 
 /// The attribute of a shard item that records barrier `id`'s observation.
-pub fn barrier_attr(id: &str) -> String {
+pub(crate) fn barrier_attr(id: &str) -> String {
     format!("{BARRIER_ATTR}{id}")
 }
 
@@ -136,7 +136,7 @@ pub struct ShardUnit {
 leased!(ShardUnit, String, id, cp.done);
 
 /// How long DynamoDB Streams keeps a record: 24 hours.
-pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
+pub(crate) const RETENTION_MS: i64 = 24 * 3600 * 1000;
 
 /// Whether records of `u` may have been trimmed from the stream while no
 /// worker held it: not done, taken before, and its last lease ended (as its
@@ -145,7 +145,7 @@ pub const RETENTION_MS: i64 = 24 * 3600 * 1000;
 /// records without a word, so the fleet stops instead (as one machine's tail
 /// does with a checkpoint that old). The workers' clocks are compared here,
 /// but across 24 hours, not seconds.
-pub fn unheld_past_retention(u: &ShardUnit, now_ms: i64) -> bool {
+pub(crate) fn unheld_past_retention(u: &ShardUnit, now_ms: i64) -> bool {
     let last_held = u.grants.iter().map(|g| g.until_ms).max();
     !u.cp.done && last_held.is_some_and(|t| now_ms - t > RETENTION_MS)
 }
@@ -203,7 +203,7 @@ fn infos(shards: &[ShardUnit]) -> Vec<ShardInfo> {
 /// its parent's buffer waits, so that it is read within the stream's
 /// retention however long the backfill takes; it applies only once its
 /// parent is done ([`may_apply`]).
-pub fn may_take(shards: &[ShardUnit]) -> Vec<String> {
+pub(crate) fn may_take(shards: &[ShardUnit]) -> Vec<String> {
     let by_id: HashMap<&str, &ShardUnit> = shards.iter().map(|s| (s.id.as_str(), s)).collect();
     shards
         .iter()
@@ -218,7 +218,7 @@ pub fn may_take(shards: &[ShardUnit]) -> Vec<String> {
 
 /// Whether `id`'s records may be applied: its parent is done or unknown
 /// (the lineage order, from the control table, across workers).
-pub fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
+pub(crate) fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
     let done: HashSet<String> = shards
         .iter()
         .filter(|s| s.cp.done)
@@ -231,7 +231,7 @@ pub fn may_apply(shards: &[ShardUnit], id: &str) -> bool {
 /// leaf shards ([`streams::through`]; an empty read proves nothing). A shard
 /// still buffering (not live, not done) holds `applied_through` back (None):
 /// its records are not applied yet.
-pub fn fleet_through(shards: &[ShardUnit], now: f64) -> (Option<f64>, Option<f64>) {
+pub(crate) fn fleet_through(shards: &[ShardUnit], now: f64) -> (Option<f64>, Option<f64>) {
     let view: Vec<ShardThrough> = shards
         .iter()
         .map(|s| ShardThrough {
@@ -293,7 +293,7 @@ fn pack_into<T: Serialize>(
 }
 
 /// A chunk's records.
-pub fn unpack<T: DeserializeOwned>(bytes: &[u8]) -> Result<Vec<T>, String> {
+pub(crate) fn unpack<T: DeserializeOwned>(bytes: &[u8]) -> Result<Vec<T>, String> {
     let mut json = Vec::new();
     flate2::read::DeflateDecoder::new(bytes)
         .read_to_end(&mut json)
@@ -329,7 +329,7 @@ impl Fleet {
     }
 
     /// Every shard's unit, read consistently.
-    pub async fn read_shards(&self) -> Result<Vec<ShardUnit>, FleetError> {
+    pub(crate) async fn read_shards(&self) -> Result<Vec<ShardUnit>, FleetError> {
         let items = self.control.query_prefix(&self.pk(), "SHARD#").await?;
         Ok(items.iter().map(shard_of).collect())
     }
@@ -377,7 +377,7 @@ impl Fleet {
     }
 
     /// Buffer chunk `n` of `shard`, deflated.
-    pub async fn get_chunk(&self, shard: &str, chunk: u64) -> Result<Vec<u8>, FleetError> {
+    pub(crate) async fn get_chunk(&self, shard: &str, chunk: u64) -> Result<Vec<u8>, FleetError> {
         let sk = format!("{chunk:010}");
         let it = self.control.get(&self.buf_pk(shard), &sk).await?;
         match it.and_then(|mut i| i.remove("data")) {
@@ -390,7 +390,7 @@ impl Fleet {
     }
 
     /// Deletes an applied chunk (below the apply cursor: never read again).
-    pub async fn delete_chunk(&self, shard: &str, chunk: u64) -> Result<(), FleetError> {
+    pub(crate) async fn delete_chunk(&self, shard: &str, chunk: u64) -> Result<(), FleetError> {
         let sk = format!("{chunk:010}");
         Ok(self.control.delete(&self.buf_pk(shard), &sk).await?)
     }
@@ -400,7 +400,7 @@ impl Fleet {
     /// cursor): the fence. Refused: the lease is gone and nothing moved.
     /// `covers`: writes to the target and barriers observed, recorded in
     /// the same write.
-    pub async fn commit_shard(
+    pub(crate) async fn commit_shard(
         &self,
         shard: &str,
         lease: u64,

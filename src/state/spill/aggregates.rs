@@ -8,13 +8,15 @@
 use super::varint::{get_bytes, get_varint, put_varint};
 use super::{Aggregate, SpillError};
 
-/// Count and total bytes for one key.
+/// Count and total bytes for one key (the tests' aggregate).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CountBytes {
     pub count: u64,
     pub bytes: u64,
 }
 
+#[cfg(test)]
 impl CountBytes {
     /// One item of `bytes` size.
     pub fn one(bytes: u64) -> Self {
@@ -22,6 +24,7 @@ impl CountBytes {
     }
 }
 
+#[cfg(test)]
 impl Aggregate for CountBytes {
     fn merge(&mut self, other: Self) {
         // Saturate rather than wrap or panic: a pegged counter is obviously

@@ -94,12 +94,14 @@ impl<V: Aggregate> ExternalAggregator<V> {
     }
 
     /// Runs written so far.
-    pub fn spilled_runs(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn spilled_runs(&self) -> usize {
         self.runs.len()
     }
 
     /// Most distinct keys held in memory at once (for sizing the budget).
-    pub fn peak_entries(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn peak_entries(&self) -> usize {
         self.peak_entries
     }
 
@@ -140,6 +142,7 @@ impl<V: Aggregate> ExternalAggregator<V> {
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             return Ok(Merged {
                 inner: Inner::Memory(entries.into_iter()),
+                #[cfg(test)]
                 intermediate_merges: 0,
                 dir: self.dir,
             });
@@ -155,6 +158,7 @@ impl<V: Aggregate> ExternalAggregator<V> {
             ..
         } = self;
         let mut queue: VecDeque<PathBuf> = runs.into();
+        #[cfg(test)]
         let mut merges = 0;
         while queue.len() > fan_in {
             // Merge only as many runs as needed to get down to `fan_in` (at
@@ -169,11 +173,15 @@ impl<V: Aggregate> ExternalAggregator<V> {
                 fs::remove_file(p).map_err(SpillError::io(dir.path()))?;
             }
             queue.push_back(out);
-            merges += 1;
+            #[cfg(test)]
+            {
+                merges += 1;
+            }
         }
         let kway = KWay::open(queue.into(), io_buf, dir.path())?;
         Ok(Merged {
             inner: Inner::Runs(kway),
+            #[cfg(test)]
             intermediate_merges: merges,
             dir,
         })
@@ -198,6 +206,8 @@ enum Inner<V> {
 pub struct Merged<V> {
     // Declared before `dir` so run files are closed before it is removed.
     inner: Inner<V>,
+    /// Counted for the tests only.
+    #[cfg(test)]
     intermediate_merges: usize,
     dir: TempDir,
 }
@@ -205,7 +215,8 @@ pub struct Merged<V> {
 impl<V> Merged<V> {
     /// Merges that rewrote runs before the final streaming merge, because
     /// there were more runs than can be open at once (0 in the common case).
-    pub fn intermediate_merges(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn intermediate_merges(&self) -> usize {
         self.intermediate_merges
     }
 

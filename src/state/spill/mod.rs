@@ -45,8 +45,10 @@ mod varint;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use aggregates::{Claimants, CountBytes};
-pub use aggregator::{ExternalAggregator, Merged};
+pub use aggregates::Claimants;
+#[cfg(test)]
+pub use aggregates::CountBytes;
+pub use aggregator::ExternalAggregator;
 pub use varint::{get_varint, put_varint};
 
 /// A value that can be folded per key, and written to / read from a run.
