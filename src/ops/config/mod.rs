@@ -192,7 +192,7 @@ impl Config {
             show_keys,
             command,
         } = cli;
-        let (command, output) = command_and_output(command, &aws, show_keys, env)?;
+        let (command, output) = command_and_output(command, &aws, env)?;
         Ok(Config {
             command,
             common: Common {
@@ -241,7 +241,6 @@ fn no_progress(json: bool) -> Output {
 fn command_and_output(
     command: cli::Command,
     aws: &AwsArgs,
-    show_keys: bool,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<(Command, Output)> {
     use cli::Command as C;
@@ -265,7 +264,7 @@ fn command_and_output(
         C::Control(a) => (control(&a)?, no_progress(a.json)),
         C::Demo(a) => {
             let out = output(a.json, false);
-            (demo(a, aws, show_keys, env), out)
+            (demo(a, aws, env), out)
         }
         // The policy is a JSON document, always.
         C::IamPolicy(a) => (iam_policy(&a, aws)?, no_progress(true)),
@@ -724,7 +723,6 @@ fn control(a: &cli::ControlArgs) -> anyhow::Result<Command> {
 fn demo(
     a: cli::DemoArgs,
     aws: &AwsArgs,
-    show_keys: bool,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Command {
     let analyze = AnalyzeOptions {
@@ -741,7 +739,6 @@ fn demo(
             .or_else(|| demo::endpoint_from_env(env)),
         analyze,
         writer_rate: a.writer_rate,
-        show_keys,
     })
 }
 

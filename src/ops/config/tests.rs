@@ -189,7 +189,6 @@ fn demo_defaults() -> DemoOptions {
             ..AnalyzeOptions::default()
         },
         writer_rate: demo::DEMO_WRITER_RATE,
-        show_keys: false,
     }
 }
 
@@ -401,7 +400,6 @@ fn other_cases() -> Vec<(&'static str, String)> {
                     ..AnalyzeOptions::default()
                 },
                 writer_rate: 7.0,
-                show_keys: true,
             }),
         ),
         (

@@ -90,8 +90,6 @@ pub struct DemoOptions {
     pub analyze: AnalyzeOptions,
     /// Writes per second of the demo's application during the migration.
     pub writer_rate: f64,
-    /// Real keys in verify's mismatch examples.
-    pub show_keys: bool,
 }
 
 /// The DynamoDB endpoint the environment names (AWS_ENDPOINT_URL_DYNAMODB,
