@@ -19,8 +19,6 @@ pub mod markers;
 pub(crate) mod progress;
 pub mod query;
 pub(crate) mod suggest;
-// the last globs go with issue 26's tail part
-#[allow(clippy::wildcard_imports)]
 pub(crate) mod tail;
 pub mod verify;
 pub mod watch;

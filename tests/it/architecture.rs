@@ -408,6 +408,26 @@ fn architecture_invariant_state_never_imports_phase() {
     assert!(bad.is_empty(), "state imports:\n{}", bad.join("\n"));
 }
 
+/// clippy's `wildcard_imports` (denied in lib.rs) lets `use super::*`
+/// through, and `phase::tail` had four of them: so it is checked here.
+/// Outside test modules, every import names what it takes.
+#[test]
+fn architecture_invariant_no_glob_import_outside_test_modules() {
+    let mut bad = Vec::new();
+    // A test module in a file of its own (`#[cfg(test)] mod tests;`) may glob.
+    for s in sources()
+        .into_iter()
+        .filter(|s| !s.module.iter().any(|m| m == "tests"))
+    {
+        for (n, line) in s.code.lines().enumerate() {
+            if line.contains("::*") {
+                bad.push(format!("{}:{}: {}", rel(&s.path), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "glob imports:\n{}", bad.join("\n"));
+}
+
 /// Lines of code outside `layer` that match `pattern` (a plain substring).
 fn uses_outside(layer_dirs: &[&str], patterns: &[&str]) -> Vec<String> {
     let mut bad = Vec::new();

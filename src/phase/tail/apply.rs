@@ -28,7 +28,19 @@
 //! to the request at fault) becomes a reject of the source item it came
 //! from; the actions folded into it are not counted.
 
-use super::*;
+use std::collections::HashMap;
+
+use anyhow::Context as _;
+use futures::stream::{self, StreamExt as _};
+
+use super::{Action, Change, ChangeKind, Flow, Mapper, Tail, actions, mapped_actions};
+use crate::aws::Clients;
+use crate::aws::rate::Control;
+use crate::aws::streams::now_secs;
+use crate::core::plan::{KeySchema, Mode, Plan};
+use crate::core::value::{Item, encode_key};
+use crate::phase::inplace::{self, Applied, Decision, Direction};
+use crate::state::snapshot::BarrierState;
 
 use crate::aws::write::{BATCH, Write, write_requests};
 use crate::core::marker::{Marker, marker_in};
@@ -204,18 +216,7 @@ impl Tail<'_> {
         let applied = if self.plan.mode == Mode::InPlace {
             apply_lanes(self.clients, self.plan, &self.control, &changes, lanes).await?
         } else if self.guarded() {
-            self.open_echoes()?;
-            let echoes = self.echoes.as_mut().expect("opened above");
-            guard::apply_guarded(
-                self.clients,
-                &self.mapper,
-                &self.control,
-                &changes,
-                &lanes,
-                echoes,
-                &self.store,
-            )
-            .await?
+            self.apply_guarded(&changes, &lanes).await?
         } else {
             let reduced = reduce(&self.mapper, &changes, &lanes);
             let table = self.opts.flow.write_table(self.plan);
@@ -450,6 +451,8 @@ async fn apply_action(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
     use crate::core::value::Value;
 

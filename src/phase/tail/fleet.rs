@@ -23,14 +23,23 @@ use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 
 use super::apply::{Fenced, apply_fenced};
-use super::*;
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Change, Flow, change_of, source_stream};
+use crate::aws::Clients;
 use crate::aws::control::Cond;
+use crate::aws::rate::Control;
+use crate::aws::streams::{self, ReadError, Start, now_secs};
+use crate::core::plan::Plan;
 use crate::state::fleet::held::Holdings;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
 use crate::state::fleet::shard::{
     self as shard_state, CHUNK_LIMIT, Covers, ShardCheckpoint, ShardKey, ShardUnit, Step,
 };
 use crate::state::fleet::{Fleet, TailMark, live_workers, passing, wall_ms};
+use crate::state::rejects::RejectsFile;
 
 /// How a worker tails.
 #[derive(Debug, Clone)]

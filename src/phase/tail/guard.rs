@@ -42,7 +42,15 @@
 //! (`Lane::put_deferred`).
 
 use super::apply::{Final, Tally, Target, write_batch};
-use super::*;
+use std::collections::HashMap;
+
+use anyhow::Context as _;
+
+use super::{Action, Change, ChangeKind, Flow, Mapped, Mapper, Tail, mapped_actions};
+use crate::aws::Clients;
+use crate::aws::rate::Control;
+use crate::core::value::{Item, encode_key};
+use crate::state::StateStore;
 
 use crate::aws::item::get_item;
 use crate::state::echoes::{Echoes, entry};
@@ -99,18 +107,32 @@ pub(super) fn check(wanted: Option<&Item>, held: Option<&Item>, replaces: Replac
     if ok { Check::Write } else { Check::Conflict }
 }
 
-/// Apply records by the rules in the module docs; return when every write is
-/// acknowledged.
-///
-/// The lanes (one per source item) go at once, [`GUARDED_LANES`] at a time,
-/// each in stream order: a guarded write is a read and then a write, and one
-/// record at a time did not keep up with an application writing the source
-/// (a cutover's drain timed out) nor, backwards, with one writing the target
-/// over many shards (verify waited on a reverse tail 25 s behind). Two lanes
-/// never undo each other: a forward delete is only of a version of its own
-/// item, and backwards no two lanes touch one key on either side.
+impl Tail<'_> {
+    /// Apply records by the rules in the module docs; return when every write is
+    /// acknowledged.
+    ///
+    /// The lanes (one per source item) go at once, [`GUARDED_LANES`] at a time,
+    /// each in stream order: a guarded write is a read and then a write, and one
+    /// record at a time did not keep up with an application writing the source
+    /// (a cutover's drain timed out) nor, backwards, with one writing the target
+    /// over many shards (verify waited on a reverse tail 25 s behind). Two lanes
+    /// never undo each other: a forward delete is only of a version of its own
+    /// item, and backwards no two lanes touch one key on either side.
+    pub(super) async fn apply_guarded(
+        &mut self,
+        changes: &[Change],
+        lanes: &[Vec<usize>],
+    ) -> anyhow::Result<Tally> {
+        self.open_echoes()?;
+        let (clients, m, control, store) = (self.clients, &self.mapper, &self.control, &self.store);
+        let echoes = self.echoes.as_mut().expect("opened above");
+        guarded_lanes(clients, m, control, changes, lanes, echoes, store).await
+    }
+}
+
+/// [`Tail::apply_guarded`]'s work, over the tail's parts.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn apply_guarded(
+async fn guarded_lanes(
     clients: &Clients,
     m: &Mapper<'_>,
     control: &Control,

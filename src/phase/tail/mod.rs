@@ -27,7 +27,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -41,14 +40,14 @@ use crate::aws::streams::{
 use crate::aws::{Clients, TableInfo};
 use crate::core::marker::marker_in;
 use crate::core::plan::{KeySchema, Mode, Plan, TtlDeletes};
-use crate::core::value::{Item, encode_key};
+use crate::core::value::Item;
 use crate::phase::error::Stopped;
-use crate::phase::inplace::{self, Applied, Decision, Direction, UpdateWrite, plan_update};
+use crate::phase::inplace::{Decision, UpdateWrite, plan_update};
 use crate::phase::progress::Progress;
 use crate::state::StateDir;
 use crate::state::StateStore;
 use crate::state::rejects::RejectsFile;
-use crate::state::snapshot::{self, BarrierState, ShardPhase, ShardStatus, TailStatus};
+use crate::state::snapshot::{self, BarrierState, TailStatus};
 
 /// Written by the backfill when it is complete; the tail applies nothing before.
 #[derive(Debug, Clone)]

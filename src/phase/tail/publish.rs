@@ -2,7 +2,15 @@
 //! `applied_through` and barriers, into its store and `tail/status.json`
 //! (read by `status`, `drain`, `verify` and `cutover`).
 
-use super::*;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+
+use super::{Tail, Turn, barrier_complete, shard_view, time};
+use crate::aws::streams::{self, ShardThrough, now_secs};
+use crate::phase::progress::Progress;
+use crate::state::snapshot::{ShardPhase, ShardStatus, TailStatus};
 
 impl Tail<'_> {
     /// Lag, applied_through and barriers: into the store and status.json, at
