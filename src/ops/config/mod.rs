@@ -720,11 +720,7 @@ fn control(a: &cli::ControlArgs) -> anyhow::Result<Command> {
     Ok(Command::Control(Planned { plan, options }))
 }
 
-fn demo(
-    a: cli::DemoArgs,
-    aws: &AwsArgs,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Command {
+fn demo(a: cli::DemoArgs, aws: &AwsArgs, env: &dyn Fn(&str) -> Option<String>) -> Command {
     let analyze = AnalyzeOptions {
         // The demo's point is the hot key under application load.
         app_write_rate: a.report.app_write_rate.or(Some(demo::DEMO_APP_WRITE_RATE)),
