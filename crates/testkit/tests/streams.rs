@@ -384,19 +384,25 @@ async fn a_lineage_following_reader_gets_every_write_once_in_order_per_item() {
     );
 }
 
-/// Every record of the stream at `endpoint`'s one shard, to its current
-/// end (an empty page: the local server and a knob-free front are fresh).
-async fn read_one_shard(streams: &StreamsClient, arn: &str) -> Vec<Record> {
+/// The id of the stream's one shard (the local server's, or a knob-free front's).
+async fn only_shard(streams: &StreamsClient, arn: &str) -> String {
     let desc = ok(
         streams.describe_stream().stream_arn(arn).send().await,
         "DescribeStream",
     );
     let shards = desc.stream_description().unwrap().shards();
     assert_eq!(shards.len(), 1);
+    shards[0].shard_id().unwrap().to_string()
+}
+
+/// Every record of the stream at `endpoint`'s one shard, to its current
+/// end (an empty page: the local server and a knob-free front are fresh).
+async fn read_one_shard(streams: &StreamsClient, arn: &str) -> Vec<Record> {
+    let shard = only_shard(streams, arn).await;
     let it = streams
         .get_shard_iterator()
         .stream_arn(arn)
-        .shard_id(shards[0].shard_id().unwrap())
+        .shard_id(shard)
         .shard_iterator_type(ShardIteratorType::TrimHorizon)
         .send()
         .await;
@@ -492,14 +498,7 @@ async fn iterators_expire_records_trim_and_shards_roll_over_on_the_fronts_clock(
         put(&db, i, 0).await;
     }
     let streams = StreamsClient::new(&sdk_config(&front.endpoint()).await);
-    let desc = ok(
-        streams.describe_stream().stream_arn(&arn).send().await,
-        "DescribeStream",
-    );
-    let shard = desc.stream_description().unwrap().shards()[0]
-        .shard_id()
-        .unwrap()
-        .to_string();
+    let shard = only_shard(&streams, &arn).await;
     let iterator = |kind: ShardIteratorType, seq: Option<String>| {
         streams
             .get_shard_iterator()
@@ -594,14 +593,7 @@ async fn concurrent_readers_each_see_every_write_acknowledged_before_they_asked(
         "start the front",
     );
     let streams = StreamsClient::new(&sdk_config(&front.endpoint()).await);
-    let desc = ok(
-        streams.describe_stream().stream_arn(&arn).send().await,
-        "DescribeStream",
-    );
-    let shard = desc.stream_description().unwrap().shards()[0]
-        .shard_id()
-        .unwrap()
-        .to_string();
+    let shard = only_shard(&streams, &arn).await;
     let mut iterators = Vec::new();
     for _ in 0..16 {
         let it = streams

@@ -123,48 +123,33 @@ impl Tail<'_> {
         changes: &[Change],
         lanes: &[Vec<usize>],
     ) -> anyhow::Result<Tally> {
+        use futures::stream::{self, StreamExt, TryStreamExt};
         self.open_echoes()?;
-        let (clients, m, control, store) = (self.clients, &self.mapper, &self.control, &self.store);
-        let echoes = self.echoes.as_mut().expect("opened above");
-        guarded_lanes(clients, m, control, changes, lanes, echoes, store).await
+        let m = &self.mapper;
+        let lanes: Vec<Vec<usize>> = match m.flow {
+            Flow::Forward => lanes.to_vec(),
+            Flow::Reverse => reverse_lanes(m, changes),
+        };
+        let echoes = std::sync::Mutex::new(self.echoes.as_mut().expect("opened above"));
+        let ctx = Lane {
+            clients: self.clients,
+            m,
+            control: &self.control,
+            changes,
+            echoes: &echoes,
+            store: &self.store,
+        };
+        let tallies: Vec<Tally> = stream::iter(lanes)
+            .map(|lane| ctx.apply(lane))
+            .buffer_unordered(GUARDED_LANES)
+            .try_collect()
+            .await?;
+        let mut tally = Tally::default();
+        for t in tallies {
+            tally.add(t);
+        }
+        Ok(tally)
     }
-}
-
-/// [`Tail::apply_guarded`]'s work, over the tail's parts.
-#[allow(clippy::too_many_arguments)]
-async fn guarded_lanes(
-    clients: &Clients,
-    m: &Mapper<'_>,
-    control: &Control,
-    changes: &[Change],
-    lanes: &[Vec<usize>],
-    echoes: &mut Echoes,
-    store: &StateStore,
-) -> anyhow::Result<Tally> {
-    use futures::stream::{self, StreamExt, TryStreamExt};
-    let lanes: Vec<Vec<usize>> = match m.flow {
-        Flow::Forward => lanes.to_vec(),
-        Flow::Reverse => reverse_lanes(m, changes),
-    };
-    let echoes = std::sync::Mutex::new(echoes);
-    let ctx = Lane {
-        clients,
-        m,
-        control,
-        changes,
-        echoes: &echoes,
-        store,
-    };
-    let tallies: Vec<Tally> = stream::iter(lanes)
-        .map(|lane| ctx.apply(lane))
-        .buffer_unordered(GUARDED_LANES)
-        .try_collect()
-        .await?;
-    let mut tally = Tally::default();
-    for t in tallies {
-        tally.add(t);
-    }
-    Ok(tally)
 }
 
 /// Lanes of a guarded call applied at once.
