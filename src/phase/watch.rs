@@ -21,12 +21,13 @@ use std::collections::HashMap;
 
 use crate::aws::Clients;
 use crate::aws::streams::{
-    self, ReadError, ShardProgress, ShardThrough, Start, describe_shards, now_secs,
+    self, ReadError, ShardInfo, ShardProgress, ShardThrough, Start, describe_shards, now_secs,
 };
 use crate::core::marker::marker_in;
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
+use crate::phase::markers::{PROBE_KEYS, ProbeKeys};
 
 /// A source write seen by the watch: the item written, and the target key its
 /// new image maps to (None for a delete, or an image the plan does not map).
@@ -52,6 +53,9 @@ pub struct Watch {
     stream: String,
     shards: HashMap<String, ShardWatch>,
     described_at: f64,
+    /// Which probe marker reaches which shard, as this watch read them
+    /// ([`ProbeKeys`]): a caller's probe then writes those alone.
+    probe_keys: ProbeKeys,
 }
 
 impl Watch {
@@ -71,26 +75,42 @@ impl Watch {
         }
         let stream = stream.arn;
         let described_at = now_secs();
-        let mut shards = HashMap::new();
-        for s in describe_shards(clients, &stream).await? {
-            // A shard closed now holds only writes from before the watch.
-            let mut w = ShardWatch {
-                finished: s.closed,
-                parent: s.parent.clone(),
-                ..Default::default()
-            };
-            if !s.closed {
-                w.iterator =
-                    Some(streams::shard_iterator(clients, &stream, &s.id, Start::Latest).await?);
-            }
-            shards.insert(s.id, w);
-        }
+        // The open shards' LATEST iterators, FETCHES at a time: one after
+        // another they took seconds over tens of open shards, and a re-check
+        // starts a watch for each pass.
+        use futures::stream::{self as fs, StreamExt as _, TryStreamExt as _};
+        let shards: HashMap<String, ShardWatch> =
+            fs::iter(describe_shards(clients, &stream).await?)
+                .map(|s| {
+                    let stream = &stream;
+                    async move {
+                        // A shard closed now holds only writes from before the watch.
+                        let iterator = match s.closed {
+                            true => None,
+                            false => Some(
+                                streams::shard_iterator(clients, stream, &s.id, Start::Latest)
+                                    .await?,
+                            ),
+                        };
+                        let w = ShardWatch {
+                            iterator,
+                            finished: s.closed,
+                            parent: s.parent,
+                            ..Default::default()
+                        };
+                        anyhow::Ok((s.id, w))
+                    }
+                })
+                .buffer_unordered(FETCHES)
+                .try_collect()
+                .await?;
         Ok(Some(Watch {
             clients: clients.clone(),
             plan: plan.clone(),
             stream,
             shards,
             described_at,
+            probe_keys: ProbeKeys::default(),
         }))
     }
 
@@ -140,12 +160,15 @@ impl Watch {
             };
             for r in page.records {
                 w.seq = Some(r.seq);
+                let marker = [&r.new, &r.old]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|i| marker_in(&self.plan.source_key, i));
+                if let Some(m) = marker.as_ref().filter(|m| m.barrier == PROBE_KEYS) {
+                    self.probe_keys.saw(&id, m.n);
+                }
                 if let Some(at) = r.created_at {
-                    let started = [&r.new, &r.old]
-                        .into_iter()
-                        .flatten()
-                        .find_map(|i| marker_in(&self.plan.source_key, i))
-                        .and_then(|m| m.started_at);
+                    let started = marker.and_then(|m| m.started_at);
                     let at = streams::evidence(at, started);
                     w.progress.record_at = Some(w.progress.record_at.map_or(at, |p| p.max(at)));
                 }
@@ -224,6 +247,28 @@ impl Watch {
     /// Shards not read to their end: a probe's round is sized by them.
     pub(crate) fn open_shards(&self) -> usize {
         self.shards.values().filter(|w| !w.finished).count()
+    }
+
+    /// The [`PROBE_KEYS`] markers that reach every shard not yet read past
+    /// `want` (seconds since the epoch), when one is known for each; None: a
+    /// full round is needed ([`ProbeKeys::targets`]).
+    pub(crate) fn probe_targets(&mut self, want: f64) -> Option<Vec<u32>> {
+        let listing: Vec<ShardInfo> = self
+            .shards
+            .iter()
+            .map(|(id, w)| ShardInfo {
+                id: id.clone(),
+                parent: w.parent.clone(),
+                closed: w.finished,
+            })
+            .collect();
+        let quiet: Vec<&str> = self
+            .shards
+            .iter()
+            .filter(|(_, w)| !w.finished && w.progress.record_at.is_none_or(|t| t < want))
+            .map(|(id, _)| id.as_str())
+            .collect();
+        self.probe_keys.targets(&quiet, &listing)
     }
 }
 

@@ -53,7 +53,17 @@ impl Ledger {
 
     /// Records `round` before its first marker is written.
     pub(crate) fn begin(&self, round: &Round) -> anyhow::Result<Flight> {
-        let path = self.dir.join(format!("{}-{}.json", round.id, round.from));
+        // Unique per round: the tails' probes reuse one id and its keys
+        // (crate::phase::markers::PROBE_KEYS), and one process may run two
+        // tails, so neither the id nor the range names a round.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.dir.join(format!(
+            "{}-{}-{}-{seq}.json",
+            round.id,
+            round.from,
+            std::process::id()
+        ));
         in_flight()
             .lock()
             .unwrap_or_else(|e| e.into_inner())

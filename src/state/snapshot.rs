@@ -194,6 +194,11 @@ pub struct ShardStatus {
     #[serde(default, with = "rfc3339_opt")]
     pub last_record_at: Option<DateTime<Utc>>,
     pub lag_seconds: Option<f64>,
+    /// The tail's probe marker known to reach this shard
+    /// (crate::phase::markers::ProbeKeys): a drain writes it alone for the
+    /// shard instead of a K·ln K round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_key: Option<u32>,
 }
 
 /// Where a shard is in the tail's reading.

@@ -157,6 +157,11 @@ struct World {
 /// Ids the application writes: some beyond the seed, so some are new.
 const IDS: u64 = 400;
 
+/// The application's writers at once. Each owns the ids equal to its number
+/// modulo this, so the application's record of an order follows the order
+/// its writes were acknowledged in.
+const WRITERS: u64 = 4;
+
 /// How long `run` may take to be ready for cutover before the trial calls it
 /// hung. A bound for a hang, not a speed test: two trials at once on two
 /// cores, with a build beside them, took over 120 s (their tails 16 s behind,
@@ -239,6 +244,7 @@ async fn lifecycle(w: &World, knobs: &Knobs, rng: &mut Rng) -> Result<String, St
     if !out.status.success() {
         return Err(format!("finish: {}{}", stdout(&out), stderr(&out)));
     }
+    w.step("finish drained");
     let started = Instant::now();
     let status = loop {
         if let Some(status) = run.0.try_wait().expect("run's status") {
@@ -534,7 +540,20 @@ impl World {
     fn verify(&self, extra: &[&str]) -> Result<(), String> {
         let mut args = vec!["verify", &self.plan, "--state-dir", &self.state, "--json"];
         args.extend(extra);
-        let out = self.rekey(&args);
+        let mut cmd = self.command(&args);
+        // SOAK_RUST_LOG: verify's own events go to run's log too, so that a
+        // slow re-check shows what it waited on.
+        let log = std::env::var("SOAK_RUST_LOG").ok();
+        if let Some(filter) = &log {
+            cmd.env("RUST_LOG", filter);
+        }
+        let out = cmd.output().expect("run rekey");
+        if log.is_some() {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.log) {
+                let _ = f.write_all(&out.stderr);
+            }
+        }
         match out.status.success() {
             true => Ok(()),
             false => Err(format!(
@@ -560,13 +579,27 @@ impl World {
         self.model.lock().unwrap().get(&id).cloned().flatten()
     }
 
-    /// The application on the source: `ops` acknowledged writes, each
-    /// recorded once DynamoDB acknowledged it.
+    /// The application on the source: `ops` acknowledged writes from
+    /// [`WRITERS`] writers at once, each write recorded once DynamoDB
+    /// acknowledged it.
     async fn source_app(&self, ops: usize, seed: u64) {
+        let writers = (0..WRITERS).map(|w| {
+            self.source_writer(
+                ops / WRITERS as usize,
+                seed ^ (w + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
+                w,
+            )
+        });
+        futures::future::join_all(writers).await;
+    }
+
+    /// One writer of [`World::source_app`]: the orders whose id is `worker`
+    /// modulo [`WRITERS`], so that each order's writes keep their order.
+    async fn source_writer(&self, ops: usize, seed: u64, worker: u64) {
         let mut rng = Rng(seed);
         let c = &self.env.clients.dynamodb;
         for n in 0..ops {
-            let id = rng.below(IDS);
+            let id = rng.below(IDS / WRITERS) * WRITERS + worker;
             let key = AttributeValue::S(format!("O#{id}"));
             let status = STATUSES[rng.below(3) as usize];
             let v = self.v();
@@ -635,8 +668,20 @@ impl World {
     }
 
     /// The application on the target, in the new key shape: a status change
-    /// deletes the order's old key and puts the new one.
+    /// deletes the order's old key and puts the new one. [`WRITERS`] writers
+    /// at once, as on the source.
     async fn target_app(&self, ops: usize, seed: u64) {
+        let writers = (0..WRITERS).map(|w| {
+            self.target_writer(
+                ops / WRITERS as usize,
+                seed ^ (w + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
+                w,
+            )
+        });
+        futures::future::join_all(writers).await;
+    }
+
+    async fn target_writer(&self, ops: usize, seed: u64, worker: u64) {
         let mut rng = Rng(seed);
         let c = &self.env.clients.dynamodb;
         let key = |id: u64, status: &str| -> std::collections::HashMap<String, AttributeValue> {
@@ -648,7 +693,7 @@ impl World {
             .into()
         };
         for n in 0..ops {
-            let id = rng.below(IDS);
+            let id = rng.below(IDS / WRITERS) * WRITERS + worker;
             let old = self.current(id);
             if rng.below(5) == 0 {
                 if let Some((s, _)) = &old {

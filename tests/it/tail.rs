@@ -515,7 +515,12 @@ async fn a_write_the_target_refuses_is_rejected_and_the_rest_of_its_batch_lands(
         .into_iter()
         .filter(|i| i["PK"] != bad["PK"])
         .collect();
-    assert_eq!(kept.len(), 60 + 40 - 10, "the source");
+    assert_eq!(
+        kept.len(),
+        60 + 40 - 10,
+        "the source: {:?}",
+        kept.iter().map(|i| &i["PK"]).collect::<Vec<_>>()
+    );
     let expected = expected_target(&plan, &kept);
     let actual = env.table_map(&target, &["PK", "SK"]).await;
     assert!(

@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
+use crate::phase::markers::PROBE_KEYS;
 pub(crate) use crate::phase::markers::{Markers, ROUND_EVERY, new_id, round_size};
 use crate::phase::tail::Flow;
 use crate::state::StateDir;
@@ -122,15 +123,53 @@ pub async fn drain(
             return Ok(report(false));
         }
         if round_at.elapsed() >= ROUND_EVERY {
-            let n = b.map_or(shards(s.as_ref()), |b| b.waiting_on.len().max(1));
-            // Keys land uniformly: to reach `n` particular shards of all,
-            // a round is sized by all of them.
-            let n = round_size(shards(s.as_ref()).max(n));
-            written += markers.round(written, n).await?;
+            match b
+                .zip(s.as_ref())
+                .and_then(|(b, s)| targeted(&b.waiting_on, s))
+            {
+                // The tail knows a key for each shard it waits on: those
+                // alone, carrying this barrier's start.
+                Some(ns) => {
+                    Markers {
+                        id: PROBE_KEYS,
+                        ..markers
+                    }
+                    .these(&ns)
+                    .await?;
+                }
+                None => {
+                    let n = b.map_or(shards(s.as_ref()), |b| b.waiting_on.len().max(1));
+                    // Keys land uniformly: to reach `n` particular shards of
+                    // all, a round is sized by all of them.
+                    let n = round_size(shards(s.as_ref()).max(n));
+                    written += markers.round(written, n).await?;
+                }
+            }
             round_at = std::time::Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The tail's probe markers ([`PROBE_KEYS`]) that reach every shard of
+/// `waiting` (the barrier's, as the tail published it), when the tail knows
+/// one for each; None: a full round. A marker of any id proves a shard read
+/// past the start it carries, so these do for this barrier what its own
+/// would, at one marker a shard instead of K·ln K for all.
+fn targeted(waiting: &[String], status: &TailStatus) -> Option<Vec<u32>> {
+    if waiting.is_empty() {
+        return None;
+    }
+    let keys: std::collections::HashMap<&str, u32> = status
+        .shards
+        .iter()
+        .filter_map(|s| Some((s.shard_id.as_str(), s.probe_key?)))
+        .collect();
+    let ns: std::collections::BTreeSet<u32> = waiting
+        .iter()
+        .map(|w| keys.get(w.as_str()).copied())
+        .collect::<Option<_>>()?;
+    Some(ns.into_iter().collect())
 }
 
 /// Whether a status file exists at all: `drain` says so when no tail runs.

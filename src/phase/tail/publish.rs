@@ -41,6 +41,7 @@ impl Tail<'_> {
         let view = shard_view(shards, &self.progress);
         let through = streams::through(&view);
         let (lag, shard_lags) = streams::lags(&view, now);
+        let probe_keys = self.probe_keys.keys_for(shards);
         self.proven = through;
         if applying {
             for (id, (b, marker_at)) in self.barriers.iter_mut() {
@@ -75,6 +76,7 @@ impl Tail<'_> {
                 .iter()
                 .map(|s| {
                     let p = self.progress.get(&s.id).cloned().unwrap_or_default();
+                    let probe_key = probe_keys.get(&s.id).copied();
                     let state = if finished.contains(&s.id) {
                         ShardPhase::Finished
                     } else if !ready.contains(&s.id) {
@@ -95,6 +97,7 @@ impl Tail<'_> {
                         } else {
                             shard_lag
                         },
+                        probe_key,
                     }
                 })
                 .collect(),

@@ -457,12 +457,18 @@ impl Ctx {
 
     async fn wait_tail(&self, through: DateTime<Utc>) -> TailWait {
         self.waiting.store(true, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let (timeout, stale) = (self.opts.recheck_timeout, self.opts.stale_after);
         let w = match &self.fleet_tail {
             Some(f) => wait_for_fleet_tail(f, through, timeout, stale).await,
             None => wait_for_tail(&self.opts.state_dir, through, timeout, stale).await,
         };
         self.waiting.store(false, Ordering::Relaxed);
+        tracing::debug!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            caught_up = matches!(w, TailWait::CaughtUp),
+            "verify waited for the tail"
+        );
         match &w {
             TailWait::NoTail => self.note(
                 "no tail status file: re-checked once, immediately, assuming the application has stopped writing".into(),
@@ -770,6 +776,7 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
     let stop = ctx.stop.clone();
     loop {
         ctx.set_phase(meta.phase);
+        let started = std::time::Instant::now();
         let next = tokio::select! {
             next = step(ctx, meta) => next?,
             () = stop.cancelled() => return Err(Stopped.into()),
@@ -780,6 +787,11 @@ async fn drive(ctx: &Arc<Ctx>, meta: &mut RunMeta) -> anyhow::Result<()> {
         if next == Step::Done && meta.phase == Step::Done {
             return Ok(());
         }
+        tracing::info!(
+            step = ?meta.phase,
+            took_ms = started.elapsed().as_millis() as u64,
+            "verify step done"
+        );
         ctx.ledger.lock().await.set_phase(meta, next)?;
     }
 }
@@ -822,6 +834,9 @@ async fn step(ctx: &Arc<Ctx>, meta: &RunMeta) -> anyhow::Result<Step> {
         Step::OrphanRecheck => {
             let watcher = Watcher::start(ctx).await?;
             recheck_orphans_all(ctx, watcher.as_ref()).await?;
+            if let Some(w) = watcher {
+                w.stop().await;
+            }
             Step::Done
         }
         Step::Done => Step::Done,

@@ -161,7 +161,11 @@ pub(super) async fn orphan_pass(ctx: &Arc<Ctx>, segments: u32) -> anyhow::Result
         l.store.put("verify/p2_end_ms", &now_ms())?;
         l.store.flush()?;
     }
-    recheck_orphans_all(ctx, watcher.as_ref()).await
+    recheck_orphans_all(ctx, watcher.as_ref()).await?;
+    if let Some(w) = watcher {
+        w.stop().await;
+    }
+    Ok(())
 }
 
 /// An owner of an orphan candidate as one round read it (None: absent), with

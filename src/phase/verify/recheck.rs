@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::aws::item::GET_BATCH;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
 use crate::state::snapshot::Counts;
@@ -223,10 +222,15 @@ pub(super) async fn recheck_forward(
         .map_or_else(Utc::now, ms_to_time)
         + MARGIN;
     let mut tail = true;
-    for _round in 0..MAX_ROUNDS {
+    for round in 0..MAX_ROUNDS {
         if open.iter().all(|o| o.verdict.is_some()) {
             break;
         }
+        tracing::debug!(
+            round,
+            open = open.iter().filter(|o| o.verdict.is_none()).count(),
+            "verify re-checks forward candidates"
+        );
         if tail {
             match ctx.wait_tail(through).await {
                 TailWait::CaughtUp => {}
@@ -392,10 +396,21 @@ pub(super) async fn recheck_forward_all(ctx: &Arc<Ctx>) -> anyhow::Result<()> {
     }
     ctx.ledger.lock().await.store.remove_prefix(WRITES)?;
     let watcher = Watcher::start(ctx).await?;
-    settle_forward(ctx, watcher.as_ref()).await
+    settle_forward(ctx, watcher.as_ref()).await?;
+    if let Some(w) = watcher {
+        w.stop().await;
+    }
+    Ok(())
 }
 
-/// The next candidates to settle (up to one BatchGetItem's worth).
+/// Candidates settled together: one wait for the tails and the watch per
+/// round serves them all (their reads go a BatchGetItem's worth at a time).
+/// At one BatchGetItem's worth a batch, 118 candidates waited twice for the
+/// watch (9–15 s each on a noisy 40-shard stream); the batch is committed
+/// whole, so this also bounds what a kill -9 makes verify re-check.
+const RECHECK_BATCH: usize = 1000;
+
+/// The next candidates to settle (up to [`RECHECK_BATCH`]).
 pub(super) async fn next_candidates(
     ctx: &Ctx,
     prefix: &str,
@@ -403,7 +418,7 @@ pub(super) async fn next_candidates(
     let l = ctx.ledger.lock().await;
     Ok(l.store
         .iter_prefix::<Mismatch>(prefix)
-        .take(GET_BATCH)
+        .take(RECHECK_BATCH)
         .collect::<Result<_, _>>()?)
 }
 
@@ -430,23 +445,31 @@ pub(super) async fn settle_forward(ctx: &Ctx, watcher: Option<&Watcher>) -> anyh
 }
 
 /// The stream watch, polled in the background; touches go into the verify
-/// store before `through` moves past them.
+/// store before `through` moves past them. While a caller waits, the same
+/// task writes probe markers for the shards not yet read past the wait
+/// ([`probe`]).
 pub(super) struct Watcher {
     pub(super) state: Arc<std::sync::Mutex<WatchState>>,
-    pub(super) task: tokio::task::JoinHandle<()>,
-    ctx: Arc<Ctx>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 pub(super) struct WatchState {
     pub(super) through: f64,
     pub(super) error: Option<String>,
-    /// The watch's shards not read to their end.
-    pub(super) open: usize,
+    /// The instant a caller waits for the watch to pass (seconds since the
+    /// epoch; −∞: nobody waits): probes go out while `through` is short of it.
+    pub(super) want: f64,
+    /// Probe rounds written so far.
+    pub(super) probes: u32,
+    /// [`Watcher::stop`] asked the task to end.
+    pub(super) stop: bool,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -463,13 +486,22 @@ impl Watcher {
         let state = Arc::new(std::sync::Mutex::new(WatchState {
             through: f64::NEG_INFINITY,
             error: None,
-            open: 1,
+            want: f64::NEG_INFINITY,
+            probes: 0,
+            stop: false,
         }));
         let shared = state.clone();
-        let owned = ctx.clone();
         let task = tokio::spawn(async move {
             let sn = ctx.src_names();
+            let mut probing: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
+            let mut probed: Option<Instant> = None;
             loop {
+                if shared.lock().unwrap_or_else(|e| e.into_inner()).stop {
+                    if let Some(handle) = probing {
+                        let _ = handle.await;
+                    }
+                    return;
+                }
                 let step: anyhow::Result<f64> = async {
                     let touches = watch.poll().await?;
                     if !touches.is_empty() {
@@ -478,49 +510,83 @@ impl Watcher {
                     Ok(watch.through().unwrap_or(f64::NEG_INFINITY))
                 }
                 .await;
-                let stopped = {
+                let (through, want) = {
                     let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
-                    s.open = watch.open_shards();
                     match step {
                         Ok(t) => s.through = t,
                         Err(e) => s.error = Some(format!("the stream watch stopped: {e:#}")),
                     }
-                    s.error.is_some()
+                    if s.error.is_some() {
+                        return;
+                    }
+                    (s.through, s.want)
                 };
-                if stopped {
+                // A finished probe's error stops the watch.
+                if let Some(handle) = probing.take_if(|h| h.is_finished())
+                    && let Ok(Err(why)) = handle.await
+                {
+                    shared.lock().unwrap_or_else(|e| e.into_inner()).error = Some(why);
                     return;
+                }
+                // While a caller waits: a round at most every ROUND_EVERY,
+                // one at a time.
+                let due = probed.is_none_or(|p| p.elapsed() >= crate::phase::markers::ROUND_EVERY);
+                if probing.is_none() && due && through < want {
+                    let targets = watch.probe_targets(want);
+                    let open = watch.open_shards();
+                    shared.lock().unwrap_or_else(|e| e.into_inner()).probes += 1;
+                    let ctx = ctx.clone();
+                    probed = Some(Instant::now());
+                    probing = Some(tokio::spawn(
+                        async move { probe(&ctx, targets, open).await },
+                    ));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
         Watcher {
             state,
-            task,
-            ctx: owned,
+            task: Some(task),
+        }
+    }
+
+    /// Ends the watch once the probe it is writing is done, so that a verify
+    /// that ends leaves no marker in the source. (Dropped instead — an error
+    /// or a stop — the task ends at once, and a cut-short round is swept by
+    /// the next writer of markers: crate::state::markers.)
+    pub(super) async fn stop(mut self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
         }
     }
 
     /// Wait until the watch has read every write before `t`. Quiet shards
-    /// prove nothing by themselves: each second a round of probe markers
-    /// goes into the source (crate::phase::barrier) for them to show.
+    /// prove nothing by themselves: while this waits, the watch's task
+    /// writes probe markers into the source (crate::phase::barrier) for
+    /// them to show.
     pub(super) async fn wait(&self, t: DateTime<Utc>, timeout: Duration) -> Result<(), String> {
         let want = t.timestamp_millis() as f64 / 1000.0;
         let start = Instant::now();
-        let mut probed: Option<Instant> = None;
+        let probes_before = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.want = s.want.max(want);
+            s.probes
+        };
         loop {
-            let open = {
+            {
                 let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(e) = &s.error {
                     return Err(e.clone());
                 }
                 if s.through >= want {
+                    tracing::debug!(
+                        waited_ms = start.elapsed().as_millis() as u64,
+                        probes = s.probes - probes_before,
+                        "verify waited for its stream watch"
+                    );
                     return Ok(());
                 }
-                s.open
-            };
-            if probed.is_none_or(|p| p.elapsed() >= crate::phase::markers::ROUND_EVERY) {
-                probed = Some(Instant::now());
-                self.probe(open).await?;
             }
             if start.elapsed() >= timeout {
                 return Err(format!(
@@ -532,28 +598,35 @@ impl Watcher {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
 
-    /// One round of probe markers over `open` shards, unless the source's
-    /// key cannot carry one (numeric: then only traffic proves anything).
-    async fn probe(&self, open: usize) -> Result<(), String> {
-        let key = &self.ctx.plan.source_key;
-        if key.partition_key.ty == crate::core::value::ScalarType::N {
-            return Ok(());
-        }
-        let id = crate::phase::markers::new_probe_id();
-        let ledger = self.ctx.opts.state_dir.markers();
-        let markers = crate::phase::markers::Markers {
-            clients: &self.ctx.clients,
-            key,
-            table: &self.ctx.plan.source_table,
-            id: &id,
-            started_at: crate::aws::streams::now_secs(),
-            ledger: &ledger,
-        };
-        markers
-            .round(0, crate::phase::markers::round_size(open))
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("the stream watch's probe: {e:#}"))
+/// One round of probe markers: the [`PROBE_KEYS`](crate::phase::markers::PROBE_KEYS)
+/// markers `targets` when the watch knows one for each shard it waits on,
+/// else a full round over `open` shards; nothing when the source's key
+/// cannot carry a marker (numeric: then only traffic proves anything).
+async fn probe(ctx: &Ctx, targets: Option<Vec<u32>>, open: usize) -> Result<(), String> {
+    let key = &ctx.plan.source_key;
+    if key.partition_key.ty == crate::core::value::ScalarType::N {
+        return Ok(());
     }
+    let ledger = ctx.opts.state_dir.markers();
+    let markers = crate::phase::markers::Markers {
+        clients: &ctx.clients,
+        key,
+        table: &ctx.plan.source_table,
+        id: crate::phase::markers::PROBE_KEYS,
+        started_at: crate::aws::streams::now_secs(),
+        ledger: &ledger,
+    };
+    let written = match &targets {
+        Some(ns) => markers.these(ns).await,
+        None => {
+            markers
+                .round(0, crate::phase::markers::round_size(open))
+                .await
+        }
+    };
+    written
+        .map(|_| ())
+        .map_err(|e| format!("the stream watch's probe: {e:#}"))
 }
