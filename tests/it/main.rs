@@ -20,6 +20,7 @@ mod fleet;
 mod fleet_drain;
 mod fleet_export;
 mod fleet_tail;
+mod image;
 mod import;
 mod inplace;
 mod lifecycle;
