@@ -26,6 +26,7 @@ mod inplace;
 mod lifecycle;
 mod lineage;
 mod local;
+mod logs;
 mod many_shards;
 mod ops;
 mod proxy;

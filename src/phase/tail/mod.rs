@@ -31,6 +31,7 @@ use futures::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::aws::rate::Control;
 use crate::aws::streams::{
@@ -765,7 +766,7 @@ impl Tail<'_> {
         let key = key.clone();
         let table = self.opts.flow.read_table(self.plan).to_string();
         let ledger = self.opts.state_dir.markers();
-        self.probing = Some(tokio::spawn(async move {
+        let probe = async move {
             let id = crate::phase::markers::new_probe_id();
             let markers = crate::phase::markers::Markers {
                 clients: &clients,
@@ -780,7 +781,8 @@ impl Tail<'_> {
                 .await?;
             tracing::debug!(probe = %id, markers = n, "probe written");
             Ok(())
-        }));
+        };
+        self.probing = Some(tokio::spawn(probe.in_current_span()));
         Ok(())
     }
 

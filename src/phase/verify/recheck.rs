@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use tracing::Instrument as _;
 
 use crate::aws::item::GET_BATCH;
 use crate::core::transform::{Outcome, transform};
@@ -467,7 +468,7 @@ impl Watcher {
         }));
         let shared = state.clone();
         let owned = ctx.clone();
-        let task = tokio::spawn(async move {
+        let watching = async move {
             let sn = ctx.src_names();
             loop {
                 let step: anyhow::Result<f64> = async {
@@ -492,7 +493,8 @@ impl Watcher {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-        });
+        };
+        let task = tokio::spawn(watching.in_current_span());
         Watcher {
             state,
             task,
