@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use clap::Parser as _;
-use rekey::ops::cli::{Cli, exit, exit_code};
+use rekey::ops::cli::{Cli, LogFormatArg, exit, exit_code};
 use rekey::ops::config::Config;
+use rekey::ops::log::{Format, LogOptions};
 use rekey::ops::out;
 use rekey::ops::shutdown::Shutdown;
 use rekey::phase::error::Stopped;
@@ -47,11 +48,24 @@ fn tune_allocator() {
 fn main() {
     tune_allocator();
     let cli = Cli::parse();
+    let json_log = cli.log_format == LogFormatArg::Json;
     let config = match Config::try_from(cli) {
         Ok(config) => config,
-        Err(err) => fail(&err, exit::BAD_INPUT),
+        Err(err) => {
+            // Refused arguments: with --log-format json, a JSON line too.
+            if json_log {
+                rekey::ops::log::install(&LogOptions {
+                    verbose: 0,
+                    format: Format::Json,
+                    command: "rekey",
+                    plan: None,
+                    show_keys: false,
+                });
+            }
+            fail(&err, exit::BAD_INPUT)
+        }
     };
-    rekey::ops::log::install(config.common.verbose);
+    rekey::ops::log::install(&config.log_options());
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => fail(
@@ -70,16 +84,17 @@ fn main() {
         // The reader of stdout went away (`| head`): nothing left to say.
         Err(err) if out::is_closed(&err) => std::process::exit(exit::OK),
         Err(err) if err.chain().any(|c| c.is::<Stopped>()) => {
-            eprintln!("{err:#}");
+            rekey::ops::log::say(&format!("{err:#}"));
             std::process::exit(128 + stopped_by.max(libc::SIGINT));
         }
         Err(err) => fail(&err, exit_code(&err)),
     }
 }
 
-/// The error, once, on stderr; then exit with `code`.
+/// The error, once, on stderr (a JSON line with `--log-format json`); then
+/// exit with `code`.
 fn fail(err: &anyhow::Error, code: i32) -> ! {
-    eprintln!("error: {err:#}");
+    rekey::ops::log::error(err);
     std::process::exit(code)
 }
 
@@ -102,7 +117,7 @@ async fn on_signals(shutdown: Shutdown, signal: Arc<AtomicI32>) {
     if !shutdown.stops_cleanly() {
         std::process::exit(128 + first);
     }
-    eprintln!("stopping: finishing the work in flight (Ctrl-C again to exit at once)");
+    rekey::ops::log::say("stopping: finishing the work in flight (Ctrl-C again to exit at once)");
     shutdown.stop();
     if int.recv().await.is_some() {
         std::process::exit(128 + libc::SIGINT);

@@ -33,9 +33,11 @@ pub mod rate;
 pub(crate) mod retry;
 pub(crate) mod scan;
 pub mod streams;
+mod trace;
 pub mod write;
 
 pub use endpoint::{Endpoint, Endpoints, Service, Source};
+use trace::RequestLog;
 
 /// How to reach AWS: the aws CLI's own options.
 #[derive(Debug, Clone, Default)]
@@ -182,11 +184,18 @@ impl Clients {
             tracing::info!(service = %e.service, url = %e.url, "{} endpoint: {e}", e.service);
         }
         // Set per client, not on the shared config: each service has its own.
-        let mut ddb = aws_sdk_dynamodb::config::Builder::from(&config);
+        // Each with the interceptor that logs every attempt (aws::trace).
+        let mut ddb = aws_sdk_dynamodb::config::Builder::from(&config).interceptor(RequestLog {
+            service: "dynamodb",
+        });
         ddb.set_endpoint_url(endpoints.dynamodb.explicit().map(str::to_string));
-        let mut streams = aws_sdk_dynamodbstreams::config::Builder::from(&config);
+        let mut streams =
+            aws_sdk_dynamodbstreams::config::Builder::from(&config).interceptor(RequestLog {
+                service: "dynamodbstreams",
+            });
         streams.set_endpoint_url(endpoints.streams.explicit().map(str::to_string));
-        let mut s3 = aws_sdk_s3::config::Builder::from(&config);
+        let mut s3 =
+            aws_sdk_s3::config::Builder::from(&config).interceptor(RequestLog { service: "s3" });
         s3.set_endpoint_url(endpoints.s3.explicit().map(str::to_string));
         // A local S3 server needs path-style addresses: it has no DNS for
         // bucket.host names.

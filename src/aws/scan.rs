@@ -13,6 +13,7 @@ use std::sync::Arc;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, Select};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::aws::rate::Control;
 use crate::aws::retry::{backoff, jitter};
@@ -157,7 +158,7 @@ where
             stop.clone(),
             on_page.clone(),
         );
-        tasks.spawn(async move {
+        let segment = async move {
             let mut failures = 0;
             loop {
                 tokio::select! {
@@ -216,7 +217,9 @@ where
                     return anyhow::Ok(());
                 }
             }
-        });
+        };
+        // In the caller's span: the log names the phase its requests belong to.
+        tasks.spawn(segment.in_current_span());
     }
     while let Some(r) = tasks.join_next().await {
         match r {

@@ -71,12 +71,30 @@ pub struct Cli {
     /// checkpoints, pauses), -vv also debug events and each AWS request. RUST_LOG overrides.
     #[arg(long, short, global = true, action = ArgAction::Count)]
     pub verbose: u8,
+    /// The log's format on stderr: text, or json (one object a line: time, level, command,
+    /// phase, table, message, fields, each AWS request with its id, capacity, attempt, latency
+    /// and throttle; key values hashed unless --show-keys). json logs at -v's level at least.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormatArg,
     /// Show key values in terminal and --json output (default: a stable hash, ‹3f9a1c2e›).
     /// Files in the state directory always hold the real values.
     #[arg(long, global = true)]
     pub show_keys: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Args)]

@@ -8,7 +8,9 @@
 //!   because a redrawn bar in a log file is noise;
 //! * with `--json`, a JSON event line on stdout every five seconds
 //!   (`{"event":"progress",…}`), so that machines can follow a run; the
-//!   command's final line is its report. `--quiet` prints nothing.
+//!   command's final line is its report. `--quiet` prints nothing;
+//! * with `--log-format json` (and without `--json`), the plain lines as
+//!   lines of the JSON log on stderr (`ops::log::say`), no bars.
 //!
 //! Work that runs beside another (the tail inside `rekey run`) takes a
 //! `Progress::beside`: its own bars in the same display on a TTY, its own
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::ops::out;
+use crate::ops::{log, out};
 use crate::phase::progress::{Progress, ProgressSink};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +30,8 @@ pub enum ProgressMode {
     Auto,
     Json,
     Quiet,
+    /// The plain lines, as JSON log lines (`--log-format json`).
+    Log,
 }
 
 /// A JSON event line on stdout, best effort: with stdout closed the work goes
@@ -191,11 +195,11 @@ impl ProgressSink for Terminal {
             });
             json_event(&event);
         } else {
-            eprintln!(
+            log::say(&format!(
                 "{}: {items} items, {:.0} items/s, {message}",
                 s.label,
                 items as f64 / secs
-            );
+            ));
         }
     }
 
@@ -214,9 +218,9 @@ impl ProgressSink for Terminal {
             ProgressMode::Json => {
                 json_event(&serde_json::json!({"event": "note", "text": text}));
             }
-            ProgressMode::Auto => match &self.multi {
+            ProgressMode::Auto | ProgressMode::Log => match &self.multi {
                 Some(multi) if multi.println(text).is_ok() => {}
-                _ => eprintln!("{text}"),
+                _ => log::say(text),
             },
         }
     }

@@ -17,6 +17,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::aws::Clients;
 use crate::core::plan::Plan;
@@ -156,6 +157,11 @@ impl RunReport {
     }
 }
 
+/// The span the events of one phase of `run` are in: the log's `phase`.
+fn phase_span(phase: &'static str) -> tracing::Span {
+    tracing::info_span!("phase", phase)
+}
+
 /// The lifecycle, until ready for cutover and then `rekey finish` (or
 /// `exit_when_ready`). Once `stop` is cancelled (Ctrl-C, SIGTERM) the phase
 /// in progress stops after its work in flight, the tail publishes a stopped
@@ -190,7 +196,8 @@ pub async fn run(
     if let Some((scan, aopts)) = &opts.analyze {
         // A dry run writes nothing: a stop may cut it short.
         tokio::select! {
-            r = analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report) => r?,
+            r = analyze_gate(clients, plan, opts, (scan, aopts), progress, &mut report)
+                .instrument(phase_span("analyze")) => r?,
             () = stop.cancelled() => return Err(Stopped.into()),
         }
     }
@@ -210,7 +217,10 @@ pub async fn run(
     let mut tail_task = {
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
         let (beside, stop) = (progress.beside(), tail_stop.clone());
-        tokio::spawn(async move { tail::run(&clients, &plan, &topts, &beside, &stop).await })
+        tokio::spawn(
+            async move { tail::run(&clients, &plan, &topts, &beside, &stop).await }
+                .instrument(phase_span("tail")),
+        )
     };
     // The reverse tail from the start too (it waits for a cutover record):
     // a `run` started again after a cutover carries the target's writes
@@ -219,7 +229,8 @@ pub async fn run(
         let (clients, plan, topts) = (clients.clone(), plan.clone(), opts.tail.clone());
         let (beside, stop) = (progress.beside(), tail_stop.clone());
         tokio::spawn(
-            async move { reverse_after_cutover(&clients, &plan, &topts, &beside, &stop).await },
+            async move { reverse_after_cutover(&clients, &plan, &topts, &beside, &stop).await }
+                .instrument(phase_span("reverse")),
         )
     };
     let reverse_ended = |r: Result<anyhow::Result<()>, tokio::task::JoinError>| match r {
@@ -366,14 +377,17 @@ async fn phases(
     if !opts.state_dir.is_backfill_done() {
         let started = Instant::now();
         progress.note("backfill: copying every source item into the target");
-        report.backfill = Some(backfill::run(clients, plan, &opts.backfill, progress, stop).await?);
+        let backfill = backfill::run(clients, plan, &opts.backfill, progress, stop);
+        report.backfill = Some(backfill.instrument(phase_span("backfill")).await?);
         report.timed("backfill", started);
     }
 
     // 4. Catch-up: the tail has applied its buffer and everything written until now.
     let started = Instant::now();
     progress.note("catch-up: waiting for the tail to apply every change captured so far");
-    drain_or_gate(clients, plan, opts, stop).await?;
+    drain_or_gate(clients, plan, opts, stop)
+        .instrument(phase_span("catch-up"))
+        .await?;
     report.timed("catch-up", started);
 
     // 5. Verify, unless a clean full verify already finished after the backfill.
@@ -389,7 +403,9 @@ async fn phases(
     if !fresh {
         for attempt in 1..=VERIFY_ATTEMPTS {
             progress.note("verify: comparing every source item with the target, and back");
-            let r = verify::run(clients, plan, &opts.verify, progress, stop).await?;
+            let r = verify::run(clients, plan, &opts.verify, progress, stop)
+                .instrument(phase_span("verify"))
+                .await?;
             let c = r.result.counts;
             let confirmed = c.missing + c.different + c.orphans;
             let unsettled = c.unconfirmed + c.unconfirmed_orphans;

@@ -81,7 +81,7 @@ async fn connect(c: &Common) -> anyhow::Result<Clients> {
     let clients = Clients::connect(&c.aws).await?;
     if !c.output.quiet {
         for note in &clients.endpoints.notes {
-            eprintln!("note: {note}");
+            crate::ops::log::note(note);
         }
     }
     Ok(clients)

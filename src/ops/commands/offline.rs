@@ -95,8 +95,8 @@ const PAUSE_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 pub(super) fn iam_policy(c: &Common, cmd: Planned<PolicyOptions>) -> anyhow::Result<i32> {
     let Planned { plan, options } = cmd;
     if !c.output.quiet && (options.region.is_none() || options.account.is_none()) {
-        eprintln!(
-            "note: `*` stands for the region and account in the ARNs: pass --region and --account to pin them"
+        crate::ops::log::note(
+            "`*` stands for the region and account in the ARNs: pass --region and --account to pin them",
         );
     }
     out::json(&iam::document(&plan, &options))?;

@@ -21,22 +21,22 @@ pub(super) async fn drain(c: &Common, cmd: Planned<DrainOptions>) -> anyhow::Res
         && !barrier::fleet::fleet_has_tail(&clients, &at).await?
     {
         if barrier::tail_has_run(&options.state_dir, options.flow) {
-            eprintln!(
-                "note: {} has no `rekey worker --tail`; draining through this machine's tail (`rekey tail --fleet`)",
+            crate::ops::log::note(&format!(
+                "{} has no `rekey worker --tail`; draining through this machine's tail (`rekey tail --fleet`)",
                 at.display()
-            );
+            ));
             options.fleet = None;
         } else {
-            eprintln!(
-                "note: no `rekey worker --tail` has taken the stream's shards of {} yet; waiting for one",
+            crate::ops::log::note(&format!(
+                "no `rekey worker --tail` has taken the stream's shards of {} yet; waiting for one",
                 at.display()
-            );
+            ));
         }
     } else if options.fleet.is_none() && !barrier::tail_has_run(&options.state_dir, options.flow) {
-        eprintln!(
-            "note: no tail has published status under {} yet; waiting for one to start",
+        crate::ops::log::note(&format!(
+            "no tail has published status under {} yet; waiting for one to start",
             options.state_dir.display()
-        );
+        ));
     }
     let report = barrier::drain(&clients, &plan, &options).await?;
     print(c, &report, drain_text)?;

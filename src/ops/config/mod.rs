@@ -19,9 +19,12 @@ use crate::aws::AwsOptions;
 use crate::aws::export::ExportLocation;
 use crate::core::plan::Plan;
 use crate::core::suggest::{ShardRounding, SuggestOptions};
-use crate::ops::cli::{self, AwsArgs, Cli, InputError, PolicyCommandArg, ReportArgs, ScanArgs};
+use crate::ops::cli::{
+    self, AwsArgs, Cli, InputError, LogFormatArg, PolicyCommandArg, ReportArgs, ScanArgs,
+};
 use crate::ops::demo::{self, DemoOptions};
 use crate::ops::iam::{PolicyCommand, PolicyOptions};
+use crate::ops::log::{self, LogOptions};
 use crate::ops::progress::ProgressMode;
 use crate::ops::redact::Redactor;
 use crate::phase::analyze::{AnalyzeOptions, ScanSettings};
@@ -62,6 +65,8 @@ pub struct Common {
     pub output: Output,
     /// How many `-v`: what `ops::log` shows on stderr (`RUST_LOG` overrides).
     pub verbose: u8,
+    /// `--log-format`: the log's lines as text or JSON.
+    pub log_format: log::Format,
 }
 
 /// How a command prints.
@@ -170,6 +175,76 @@ pub struct ControlChange {
     pub write_rate: Option<f64>,
 }
 
+impl Config {
+    /// What `ops::log` needs to install the subscriber for this command.
+    pub fn log_options(&self) -> LogOptions<'_> {
+        LogOptions {
+            verbose: self.common.verbose,
+            format: self.common.log_format,
+            command: self.command.name(),
+            plan: self.command.plan(),
+            show_keys: self.common.output.redactor.show,
+        }
+    }
+}
+
+impl Command {
+    /// The command's name, as the log names it (`undo` is a backfill's, the
+    /// fleet's forms their command's).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Check(_) => "check",
+            Command::Analyze(_) => "analyze",
+            Command::Suggest(_) => "suggest",
+            Command::Backfill(p) if p.options.undo => "undo",
+            Command::Backfill(_) => "backfill",
+            Command::Tail(p) | Command::TailFleet { tail: p, .. } => match p.options.flow {
+                Flow::Forward => "tail",
+                Flow::Reverse => "reverse",
+            },
+            Command::Worker(_) => "worker",
+            Command::FleetStatus(_) | Command::Status(_) => "status",
+            Command::Verify(_) | Command::FleetVerify(_) => "verify",
+            Command::Run(_) => "run",
+            Command::Drain(_) => "drain",
+            Command::Cutover(_) => "cutover",
+            Command::Rollback(_) => "rollback",
+            Command::Finish(_) => "finish",
+            Command::Query(_) => "query",
+            Command::Control(_) => "control",
+            Command::Demo(_) => "demo",
+            Command::IamPolicy(_) => "iam-policy",
+            Command::Completions(_) => "completions",
+            Command::Man => "man",
+        }
+    }
+
+    /// The command's plan, if it has one.
+    pub fn plan(&self) -> Option<&Plan> {
+        Some(match self {
+            Command::Check(p) => &p.plan,
+            Command::Analyze(p) => &p.plan,
+            Command::Backfill(p) => &p.plan,
+            Command::Tail(p) | Command::TailFleet { tail: p, .. } => &p.plan,
+            Command::Worker(p) => &p.plan,
+            Command::FleetStatus(p) => &p.plan,
+            Command::Verify(p) => &p.plan,
+            Command::FleetVerify(p) => &p.plan,
+            Command::Run(p) => &p.plan,
+            Command::Drain(p) => &p.plan,
+            Command::Cutover(p) | Command::Rollback(p) => &p.plan,
+            Command::Finish(p) => &p.plan,
+            Command::Query(p) => &p.plan,
+            Command::Status(p) => &p.plan,
+            Command::Control(p) => &p.plan,
+            Command::IamPolicy(p) => &p.plan,
+            Command::Suggest(_) | Command::Demo(_) | Command::Completions(_) | Command::Man => {
+                return None;
+            }
+        })
+    }
+}
+
 impl TryFrom<Cli> for Config {
     type Error = anyhow::Error;
 
@@ -189,22 +264,29 @@ impl Config {
             aws,
             quiet,
             verbose,
+            log_format,
             show_keys,
             command,
         } = cli;
         let (command, output) = command_and_output(command, &aws, env)?;
+        let log_format = match log_format {
+            LogFormatArg::Text => log::Format::Text,
+            LogFormatArg::Json => log::Format::Json,
+        };
         Ok(Config {
             command,
             common: Common {
                 verbose,
+                log_format,
                 aws: aws_options(&aws),
                 output: Output {
                     quiet,
-                    // --quiet silences progress whatever the format.
-                    progress: if quiet {
-                        ProgressMode::Quiet
-                    } else {
-                        output.progress
+                    // --quiet silences progress whatever the format; with JSON
+                    // log lines, the progress stderr would show is such lines.
+                    progress: match (quiet, output.progress, log_format) {
+                        (true, _, _) => ProgressMode::Quiet,
+                        (false, ProgressMode::Auto, log::Format::Json) => ProgressMode::Log,
+                        (false, progress, _) => progress,
                     },
                     redactor: Redactor { show: show_keys },
                     ..output

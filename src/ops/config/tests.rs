@@ -223,6 +223,26 @@ fn verbose_counts_its_flags_before_or_after_the_command() {
 }
 
 #[test]
+fn the_log_format_is_global_and_the_log_knows_the_command_and_its_plan() {
+    let c = convert(&["backfill", PLAN]).unwrap();
+    assert_eq!(c.common.log_format, log::Format::Text);
+    let c = convert(&["--log-format", "json", "undo", PLAN, "-v"]).unwrap();
+    assert_eq!(c.common.log_format, log::Format::Json);
+    let o = c.log_options();
+    assert_eq!(
+        (o.command, o.verbose, o.format),
+        ("undo", 1, log::Format::Json)
+    );
+    assert_eq!(o.plan.map(|p| p.source_table.as_str()), Some("orders"));
+    assert!(!o.show_keys);
+    let c = convert(&["reverse", PLAN, "--log-format", "json", "--show-keys"]).unwrap();
+    assert_eq!(c.command.name(), "reverse");
+    assert!(c.log_options().show_keys);
+    let c = convert(&["completions", "bash", "--log-format", "json"]).unwrap();
+    assert!(c.log_options().plan.is_none());
+}
+
+#[test]
 fn a_worker_id_is_made_up_from_the_host_when_not_given() {
     let with_host = |name: &str| (name == "HOSTNAME").then(|| "pod-3".to_string());
     let cli = Cli::try_parse_from(["rekey", "worker", PLAN, "--state", "dynamodb://ctl"]).unwrap();

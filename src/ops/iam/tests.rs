@@ -70,6 +70,7 @@ const AWS_SOURCES: &[(&str, &str)] = &[
     ("src/aws/retry.rs", include_str!("../../aws/retry.rs")),
     ("src/aws/scan.rs", include_str!("../../aws/scan.rs")),
     ("src/aws/streams.rs", include_str!("../../aws/streams.rs")),
+    ("src/aws/trace.rs", include_str!("../../aws/trace.rs")),
     ("src/aws/write.rs", include_str!("../../aws/write.rs")),
 ];
 

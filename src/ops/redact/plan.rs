@@ -159,6 +159,27 @@ impl PlanRedactor {
         parts.join(" / ")
     }
 
+    /// A whole key given as text, its attributes' values joined by ` / `
+    /// (the log's key fields): each part redacted as [`Self::key`] redacts
+    /// it; a text that does not split into the plan's key attributes is
+    /// hashed whole.
+    pub(crate) fn key_text(&self, text: &str, target: bool) -> String {
+        if self.redactor.show {
+            return text.to_string();
+        }
+        let names = if target {
+            &self.target_key
+        } else {
+            &self.source_key
+        };
+        let mut parts: Vec<String> = text.split(" / ").map(str::to_string).collect();
+        if parts.len() != names.len() {
+            return super::token(text);
+        }
+        self.parts(&mut parts, names, target);
+        parts.join(" / ")
+    }
+
     fn parts(&self, parts: &mut [String], names: &[String], target: bool) {
         for (part, attr) in parts.iter_mut().zip(names) {
             *part = self.value(attr, part, target);

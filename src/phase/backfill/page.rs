@@ -168,6 +168,7 @@ pub(super) fn transform_page(plan: &Plan, items: Vec<Item>) -> Transformed<'_> {
             }
             Owned::Reject(r, source) => {
                 t.c.rejected += 1;
+                log_reject(plan, &source, &r);
                 t.rejects.push((source, r.to_string()));
             }
             Owned::Skip => t.c.skipped += 1,
@@ -208,6 +209,11 @@ impl Transformed<'_> {
                 Some(other) => {
                     self.c.rejected += 1;
                     self.c.collisions += 1;
+                    // The contested key (`target_key`: ops::log redacts it).
+                    tracing::debug!(
+                        target_key = %decode_key(tk).join(" / "),
+                        "item rejected: its target key belongs to another source item"
+                    );
                     self.rejects.push((rem.restore(out), collision(tk, &other)));
                 }
             }
@@ -297,6 +303,21 @@ fn source_key(out: &Item, rem: &Remnant<'_>, names: &[&str]) -> Item {
 
 /// The reject reason of a source item whose target key `tk` another source
 /// item (`owner`, encoded) claimed first: one wording, on one machine or many.
+/// A rejected item in the log (debug, `-vv`): its source key's values
+/// joined by ` / ` in `source_key` and the reason in `detail`, the fields
+/// `ops::log` redacts (unless `--show-keys`) as the terminal redacts keys.
+fn log_reject(plan: &Plan, item: &Item, reason: &dyn std::fmt::Display) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let key: Vec<String> = plan
+            .source_key
+            .names()
+            .iter()
+            .filter_map(|n| item.get(*n).map(Value::display_text))
+            .collect();
+        tracing::debug!(source_key = %key.join(" / "), detail = %reason, "item rejected");
+    }
+}
+
 fn collision(tk: &[u8], owner: &[u8]) -> String {
     format!(
         "collision: target key {} already belongs to source item {} — never overwritten",

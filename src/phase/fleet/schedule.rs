@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::phase::progress::Progress;
 use crate::state::fleet::lease::{self, BEATS_PER_LEASE, FENCE_FRACTION, Judgement, Observer};
@@ -224,7 +225,7 @@ async fn take_units(
         let token = opts.stop.child_token();
         shared.units.insert(u.n, l.lease, sent, token.clone());
         let (drive, unit) = (drive.clone(), u.clone());
-        tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) });
+        tasks.spawn(async move { (unit.n, drive.run(unit, l, token).await) }.in_current_span());
     }
     Ok(())
 }

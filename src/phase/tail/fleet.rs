@@ -26,6 +26,7 @@ use super::apply::{Fenced, apply_fenced};
 use std::path::PathBuf;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::{Change, Flow, change_of, source_stream};
 use crate::aws::Clients;
@@ -286,7 +287,9 @@ async fn turn(
         ctx.held
             .insert(ShardKey(u.id.clone()), l, sent, token.clone());
         let (c, unit) = (ctx.clone(), u.clone());
-        tasks.spawn(async move { (unit.id.clone(), c.hold(unit, l, token).await) });
+        tasks.spawn(
+            async move { (unit.id.clone(), c.hold(unit, l, token).await) }.in_current_span(),
+        );
     }
     Ok(if unsettled { Vec::new() } else { shards })
 }

@@ -20,6 +20,8 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument as _;
+
 use crate::aws::streams::{ShardInfo, now_secs};
 use crate::core::marker::marker_in;
 use crate::core::plan::KeySchema;
@@ -94,7 +96,7 @@ impl Tail<'_> {
         let key = key.clone();
         let table = self.opts.flow.read_table(self.plan).to_string();
         let ledger = self.opts.state_dir.markers();
-        self.probing = Some(tokio::spawn(async move {
+        let probe = async move {
             let markers = Markers {
                 clients: &clients,
                 key: &key,
@@ -109,7 +111,9 @@ impl Tail<'_> {
             };
             tracing::debug!(markers = n, targeted, "probe written");
             Ok(())
-        }));
+        };
+        // In the command's span, so its events carry the phase (ops::log).
+        self.probing = Some(tokio::spawn(probe.in_current_span()));
         Ok(())
     }
 

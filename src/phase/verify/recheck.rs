@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use tracing::Instrument as _;
 
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
@@ -491,7 +492,7 @@ impl Watcher {
             stop: false,
         }));
         let shared = state.clone();
-        let task = tokio::spawn(async move {
+        let watching = async move {
             let sn = ctx.src_names();
             let mut probing: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
             let mut probed: Option<Instant> = None;
@@ -537,13 +538,13 @@ impl Watcher {
                     shared.lock().unwrap_or_else(|e| e.into_inner()).probes += 1;
                     let ctx = ctx.clone();
                     probed = Some(Instant::now());
-                    probing = Some(tokio::spawn(
-                        async move { probe(&ctx, targets, open).await },
-                    ));
+                    let probing_now = async move { probe(&ctx, targets, open).await };
+                    probing = Some(tokio::spawn(probing_now.in_current_span()));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-        });
+        };
+        let task = tokio::spawn(watching.in_current_span());
         Watcher {
             state,
             task: Some(task),
