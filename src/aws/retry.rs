@@ -24,6 +24,14 @@ pub fn jitter() -> f64 {
     (h.finish() % 1_000_000) as f64 / 1_000_000.0
 }
 
+/// A per-call configuration that makes one attempt: no retry by the SDK,
+/// so a throttle reaches the caller as a throttle. For `rekey loadtest`'s
+/// measured requests, which count throttles instead of riding them out.
+pub(crate) fn single_attempt() -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::new()
+        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+}
+
 /// Attempts of a single-item call (GetItem, PutItem, DeleteItem) before a
 /// transient failure — a 5xx, a connection reset — is the caller's.
 pub const ITEM_ATTEMPTS: u32 = 10;

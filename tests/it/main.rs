@@ -24,6 +24,7 @@ mod import;
 mod inplace;
 mod lifecycle;
 mod lineage;
+mod loadtest;
 mod local;
 mod many_shards;
 mod ops;

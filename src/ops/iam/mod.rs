@@ -228,6 +228,12 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         ".create_table()",
         &["src/aws/mod.rs"],
     ),
+    // `rekey loadtest`'s scratch tables (with CreateTable above).
+    used(
+        "dynamodb:DeleteTable",
+        ".delete_table()",
+        &["src/aws/mod.rs"],
+    ),
     used(
         "dynamodb:DescribeImport",
         ".describe_import()",
