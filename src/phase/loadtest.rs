@@ -34,6 +34,7 @@ use crate::core::query::{KeyCondition, Order, PageRun, SkCondition};
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::Value;
 use crate::phase::error::InputError;
+use crate::phase::progress::Progress;
 
 /// Query calls in flight at once for one read of the new design.
 const PARALLEL: usize = 32;
@@ -274,6 +275,7 @@ pub(crate) async fn run(
     clients: &Clients,
     plan: &Plan,
     o: &LoadtestOptions,
+    progress: &Progress,
     stop: &CancellationToken,
 ) -> anyhow::Result<LoadReport> {
     let prepared = prepare(plan, o)?;
@@ -295,7 +297,14 @@ pub(crate) async fn run(
             table,
             page: o.page,
         };
-        match run_design(&ctx, o, stop).await {
+        let expected = (o.rate * o.duration.as_secs_f64()).ceil() as u64;
+        progress.start(
+            &format!("{} design on {table}", design.name()),
+            Some(expected),
+        );
+        let ran = run_design(&ctx, o, progress, stop).await;
+        progress.finish();
+        match ran {
             Ok((tally, seconds)) => {
                 designs.push(tally.report(design.name(), table, seconds, o.top))
             }
@@ -338,11 +347,25 @@ struct Done {
     calls: Vec<(String, Answer)>,
 }
 
+impl Done {
+    /// The capacity its calls consumed.
+    fn consumed(&self) -> f64 {
+        self.calls
+            .iter()
+            .map(|(_, a)| match a {
+                Answer::Served { consumed } => *consumed,
+                _ => 0.0,
+            })
+            .sum()
+    }
+}
+
 /// The requests of one design at the rate, for the duration (or until the
 /// stop); the tally, and the seconds the requests were sent over.
 async fn run_design(
     ctx: &Ctx<'_>,
     o: &LoadtestOptions,
+    progress: &Progress,
     stop: &CancellationToken,
 ) -> anyhow::Result<(Tally, f64)> {
     let mut generator = Generator::new(ctx.model.clone(), o.scenario, o.seed);
@@ -351,6 +374,13 @@ async fn run_design(
     let started = tokio::time::Instant::now();
     let end = started + o.duration;
     let mut sent: u64 = 0;
+    let (mut requests, mut units) = (0u64, 0.0);
+    let mut count = |tally: &mut Tally, d: Done| {
+        requests += 1;
+        units += d.consumed();
+        record(tally, d);
+        progress.update(requests, units);
+    };
     loop {
         // Open loop: request n is due at n / rate, however the others fare.
         let due = started + Duration::from_secs_f64(sent as f64 / o.rate);
@@ -360,7 +390,7 @@ async fn run_design(
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            Some(done) = in_flight.next() => record(&mut tally, done?),
+            Some(done) = in_flight.next() => count(&mut tally, done?),
             () = tokio::time::sleep_until(due), if in_flight.len() < o.concurrency => {
                 in_flight.push(request(ctx, generator.next().op));
                 sent += 1;
@@ -372,7 +402,7 @@ async fn run_design(
         .as_secs_f64()
         .min(o.duration.as_secs_f64());
     while let Some(done) = in_flight.next().await {
-        record(&mut tally, done?);
+        count(&mut tally, done?);
     }
     Ok((tally, seconds))
 }

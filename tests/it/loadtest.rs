@@ -226,6 +226,67 @@ async fn a_stop_mid_run_deletes_the_scratch_tables_and_reports_what_ran() {
     assert_eq!(tables(&env).await, before, "the scratch table is deleted");
 }
 
+/// `--tables OLD,NEW`: the run writes the given pair (the old design's
+/// source items, the new design's shard keys) and keeps them; a table whose
+/// key is not the plan's is refused before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_pair_of_tables_is_written_and_kept() {
+    let env = TestEnv::start_local().await;
+    let (old, new) = (env.table_name("old"), env.table_name("new"));
+    env.create_table(&old, &pk_sk()).await;
+    env.create_table(&new, &pk_sk()).await;
+    let plan = repo_path("plans/tenant-day-shard.toml");
+    let pair = format!("{old},{new}");
+    let args = [
+        "loadtest",
+        plan.to_str().unwrap(),
+        "--tables",
+        &pair,
+        "--rate",
+        "40",
+        "--duration",
+        "1",
+        "--json",
+    ];
+    let r = json(&output(env.command(&args, &[])).await);
+    assert_eq!(r["scratch_tables"], false);
+    assert_eq!(r["designs"][0]["table"].as_str(), Some(old.as_str()));
+    assert_eq!(r["designs"][1]["table"].as_str(), Some(new.as_str()));
+    let written = |d: &Json| num(&d["requests"]["writes"]) - num(&d["throttled"]["writes"]);
+    let (olds, news) = (env.scan_all(&old).await, env.scan_all(&new).await);
+    assert_eq!(
+        olds.len() as f64,
+        written(&r["designs"][0]),
+        "every served write is an item"
+    );
+    assert_eq!(news.len() as f64, written(&r["designs"][1]));
+    let pk = |i: &rekey::core::value::Item| match &i["PK"] {
+        rekey::core::value::Value::S(s) => s.clone(),
+        v => panic!("PK {v:?}"),
+    };
+    assert!(olds.iter().all(|i| !pk(i).contains("#SHARD#")));
+    assert!(news.iter().all(|i| pk(i).contains("#SHARD#")));
+    // A table keyed otherwise than the plan says: refused, nothing run.
+    let other = env.table_name("pk-only");
+    env.create_table(&other, &pk_only()).await;
+    let pair = format!("{old},{other}");
+    let args = [
+        "loadtest",
+        plan.to_str().unwrap(),
+        "--tables",
+        &pair,
+        "--duration",
+        "1",
+    ];
+    let out = output(env.command(&args, &[])).await;
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the plan declares the target key"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Against AWS the estimate comes first, and without --yes nothing runs
 /// (exit 2, before any call: the endpoint here is AWS's, unreached).
 #[test]

@@ -11,6 +11,7 @@ use crate::core::loadtest::report::{DesignReport, HotKey, Percentiles, percent};
 use crate::core::plan::Plan;
 use crate::ops::cli::{InputError, exit};
 use crate::ops::config::{Common, LoadtestRun, Planned};
+use crate::ops::progress;
 use crate::ops::redact::PlanRedactor;
 use crate::phase::loadtest::{self, LoadReport, prepare};
 
@@ -51,7 +52,8 @@ pub(super) async fn loadtest(
             options.duration.as_secs_f64()
         );
     }
-    let mut report = loadtest::run(&clients, &plan, &options, &stop).await?;
+    let progress = progress::new(c.output.progress);
+    let mut report = loadtest::run(&clients, &plan, &options, &progress, &stop).await?;
     redact(&plan, c, &mut report);
     print(c, &report, text)?;
     Ok(exit::OK)
