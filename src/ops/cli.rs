@@ -178,6 +178,8 @@ pub enum PolicyCommandArg {
     Rollback,
     /// `rekey worker`: backfill by Scan, plus the control table (--state).
     Worker,
+    /// `rekey loadtest`: its scratch tables (<source>-loadtest-old-*, <target>-loadtest-new-*).
+    Loadtest,
     /// backfill, tail, verify, drain and cutover.
     All,
 }

@@ -217,7 +217,7 @@ impl Tables {
             scratch: true,
         };
         if wanted(Design::Old) {
-            let name = format!("{}-loadtest-old-{suffix}", plan.source_table);
+            let name = scratch_table(plan, Design::Old, &suffix);
             let made = clients
                 .create_table_with(&name, &plan.source_key, false, &[])
                 .await;
@@ -228,7 +228,7 @@ impl Tables {
             }
         }
         if wanted(Design::New) {
-            let name = format!("{}-loadtest-new-{suffix}", plan.target_table);
+            let name = scratch_table(plan, Design::New, &suffix);
             let made = clients
                 .create_table_with(&name, &plan.target_key, false, &plan.indexes)
                 .await;
@@ -255,6 +255,15 @@ impl Tables {
             }
         }
         first
+    }
+}
+
+/// A scratch table's name: the plan's table of the design, and `suffix`
+/// (`*` in the IAM policy's resource pattern).
+pub(crate) fn scratch_table(plan: &Plan, design: Design, suffix: &str) -> String {
+    match design {
+        Design::Old => format!("{}-loadtest-old-{suffix}", plan.source_table),
+        Design::New => format!("{}-loadtest-new-{suffix}", plan.target_table),
     }
 }
 

@@ -759,6 +759,7 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Reverse => commands.push(P::Reverse),
             PolicyCommandArg::Rollback => commands.push(P::Rollback),
             PolicyCommandArg::Worker => commands.push(P::Worker),
+            PolicyCommandArg::Loadtest => commands.push(P::Loadtest),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }
