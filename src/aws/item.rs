@@ -2,14 +2,15 @@
 //! UpdateItem — and BatchGetItem, in rekey's types. The retry policy around
 //! them (rate budgets, throttles) is the caller's, except BatchGetItem's
 //! UnprocessedKeys, which only this call can see, and the transient failures
-//! of the idempotent three (crate::aws::retry::transient).
+//! of the idempotent three (crate::aws::retry::transient); `put_once`, the
+//! load test's measured write, is made once.
 
 use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_dynamodb::types::{KeysAndAttributes, ReturnConsumedCapacity};
 
 use crate::aws::rate::Control;
-use crate::aws::retry::{backoff, jitter, transient};
+use crate::aws::retry::{backoff, jitter, single_attempt, transient};
 use crate::aws::{AwsError, Clients, from_sdk_item, to_sdk, to_sdk_item};
 use crate::core::value::{Item, Value, encode_key};
 
@@ -31,6 +32,27 @@ pub async fn put_item(clients: &Clients, table: &str, item: &Item) -> Result<(),
             .map_err(|e| clients.error("PutItem", table, e))
     })
     .await
+}
+
+/// PutItem, made once (`rekey loadtest`'s measured write): a throttle or a
+/// transient failure is the caller's to count, never retried. The write
+/// units it consumed.
+pub(crate) async fn put_once(clients: &Clients, table: &str, item: &Item) -> Result<f64, AwsError> {
+    let out = clients
+        .dynamodb
+        .put_item()
+        .table_name(table)
+        .set_item(Some(to_sdk_item(item)))
+        .return_consumed_capacity(ReturnConsumedCapacity::Total)
+        .customize()
+        .config_override(single_attempt())
+        .send()
+        .await
+        .map_err(|e| clients.error("PutItem", table, e))?;
+    Ok(out
+        .consumed_capacity()
+        .and_then(|c| c.capacity_units())
+        .unwrap_or(0.0))
 }
 
 /// DeleteItem, made again on a transient failure (it is idempotent).

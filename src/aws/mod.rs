@@ -20,7 +20,7 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, KeyType, ScalarAttributeType, StreamViewType};
 use aws_smithy_types::Blob;
 
-use crate::core::plan::{KeyAttr, KeySchema};
+use crate::core::plan::{IndexSpec, KeyAttr, KeySchema};
 use crate::core::value::{Item, ScalarType, Value};
 
 pub mod control;
@@ -397,6 +397,7 @@ macro_rules! no_throttle_reasons {
 no_throttle_reasons!(
     aws_sdk_dynamodb::operation::describe_table::DescribeTableError,
     aws_sdk_dynamodb::operation::create_table::CreateTableError,
+    aws_sdk_dynamodb::operation::delete_table::DeleteTableError,
     aws_sdk_dynamodb::operation::update_table::UpdateTableError,
     aws_sdk_dynamodbstreams::operation::get_records::GetRecordsError,
     aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamError,
@@ -545,6 +546,48 @@ where
     }
 }
 
+// ---- table definitions ------------------------------------------------------
+
+fn definition(attr: &KeyAttr) -> Result<aws_sdk_dynamodb::types::AttributeDefinition, String> {
+    let ty = match attr.ty {
+        ScalarType::S => ScalarAttributeType::S,
+        ScalarType::N => ScalarAttributeType::N,
+        ScalarType::B => ScalarAttributeType::B,
+    };
+    aws_sdk_dynamodb::types::AttributeDefinition::builder()
+        .attribute_name(&attr.name)
+        .attribute_type(ty)
+        .build()
+        .map_err(|e| format!("invalid key schema: {e}"))
+}
+
+fn key_elements(key: &KeySchema) -> Result<Vec<aws_sdk_dynamodb::types::KeySchemaElement>, String> {
+    std::iter::once((&key.partition_key, KeyType::Hash))
+        .chain(key.sort_key.iter().map(|s| (s, KeyType::Range)))
+        .map(|(attr, kt)| {
+            aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                .attribute_name(&attr.name)
+                .key_type(kt)
+                .build()
+                .map_err(|e| format!("invalid key schema: {e}"))
+        })
+        .collect()
+}
+
+fn gsi(index: &IndexSpec) -> Result<aws_sdk_dynamodb::types::GlobalSecondaryIndex, String> {
+    use aws_sdk_dynamodb::types::{GlobalSecondaryIndex, Projection, ProjectionType};
+    GlobalSecondaryIndex::builder()
+        .index_name(&index.name)
+        .set_key_schema(Some(key_elements(&index.key)?))
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::All)
+                .build(),
+        )
+        .build()
+        .map_err(|e| format!("index `{}`: {e}", index.name))
+}
+
 // ---- conversions between rekey's values and the SDK's ------------------------
 
 pub fn to_sdk(v: &Value) -> AttributeValue {
@@ -590,8 +633,9 @@ pub fn from_sdk_item(m: HashMap<String, AttributeValue>) -> Option<Item> {
         .collect()
 }
 
-/// Table creation, for the demo and the test environment (on-demand billing;
-/// a stream with both images when asked, as the tail needs).
+/// Table creation, for the demo, the test environment and the load test's
+/// scratch tables (on-demand billing; a stream with both images when asked,
+/// as the tail needs; GSIs projecting every attribute).
 impl Clients {
     pub async fn create_table(
         &self,
@@ -599,37 +643,41 @@ impl Clients {
         key: &KeySchema,
         stream: bool,
     ) -> Result<(), AwsError> {
-        use aws_sdk_dynamodb::types::{
-            AttributeDefinition, BillingMode, KeySchemaElement, StreamSpecification,
-        };
-        let sdk_type = |t: ScalarType| match t {
-            ScalarType::S => ScalarAttributeType::S,
-            ScalarType::N => ScalarAttributeType::N,
-            ScalarType::B => ScalarAttributeType::B,
-        };
+        self.create_table_with(table, key, stream, &[]).await
+    }
+
+    /// [`Clients::create_table`] with these GSIs.
+    pub(crate) async fn create_table_with(
+        &self,
+        table: &str,
+        key: &KeySchema,
+        stream: bool,
+        indexes: &[IndexSpec],
+    ) -> Result<(), AwsError> {
+        use aws_sdk_dynamodb::types::{BillingMode, StreamSpecification};
         let mut req = self
             .dynamodb
             .create_table()
             .table_name(table)
             .billing_mode(BillingMode::PayPerRequest);
-        for (attr, kt) in std::iter::once((&key.partition_key, KeyType::Hash))
-            .chain(key.sort_key.iter().map(|s| (s, KeyType::Range)))
+        let invalid = |detail: String| AwsError::Schema {
+            table: table.into(),
+            detail,
+        };
+        let mut defined = std::collections::BTreeSet::new();
+        for attr in key
+            .attrs()
+            .chain(indexes.iter().flat_map(|i| i.key.attrs()))
         {
-            let def = AttributeDefinition::builder()
-                .attribute_name(&attr.name)
-                .attribute_type(sdk_type(attr.ty))
-                .build();
-            let elem = KeySchemaElement::builder()
-                .attribute_name(&attr.name)
-                .key_type(kt)
-                .build();
-            let (Ok(def), Ok(elem)) = (def, elem) else {
-                return Err(AwsError::Schema {
-                    table: table.into(),
-                    detail: "invalid key schema".into(),
-                });
-            };
-            req = req.attribute_definitions(def).key_schema(elem);
+            if defined.insert(attr.name.clone()) {
+                req = req.attribute_definitions(definition(attr).map_err(invalid)?);
+            }
+        }
+        for e in key_elements(key).map_err(invalid)? {
+            req = req.key_schema(e);
+        }
+        for index in indexes {
+            req = req.global_secondary_indexes(gsi(index).map_err(invalid)?);
         }
         if stream {
             let spec = StreamSpecification::builder()
@@ -644,6 +692,18 @@ impl Clients {
             .await
             .map_err(|e| self.error("CreateTable", table, e))?;
         self.wait_active(table).await
+    }
+
+    /// DeleteTable (the load test's scratch tables); one that is already
+    /// gone is not an error.
+    pub(crate) async fn delete_table(&self, table: &str) -> Result<(), AwsError> {
+        match self.dynamodb.delete_table().table_name(table).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => match self.error("DeleteTable", table, e) {
+                AwsError::NotFound { .. } => Ok(()),
+                e => Err(e),
+            },
+        }
     }
 
     /// Waits until `table` is ACTIVE: AWS creates tables in the background

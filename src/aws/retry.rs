@@ -24,6 +24,14 @@ pub fn jitter() -> f64 {
     (h.finish() % 1_000_000) as f64 / 1_000_000.0
 }
 
+/// A per-call configuration that makes one attempt: no retry by the SDK,
+/// so a throttle reaches the caller as a throttle. For `rekey loadtest`'s
+/// measured requests, which count throttles instead of riding them out.
+pub(crate) fn single_attempt() -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::new()
+        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+}
+
 /// Attempts of a single-item call (GetItem, PutItem, DeleteItem) before a
 /// transient failure — a 5xx, a connection reset — is the caller's.
 pub const ITEM_ATTEMPTS: u32 = 10;
@@ -131,6 +139,113 @@ mod tests {
         })
         .await;
         assert!(got.is_err() && calls.into_inner() == ITEM_ATTEMPTS);
+    }
+
+    /// A server that refuses every request as a hot partition does, and
+    /// counts them: its endpoint and the count.
+    async fn refusing_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicU32>) {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = std::sync::Arc::new(AtomicU32::new(0));
+        let seen = count.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Some(head) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            match conn.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        };
+                        let headers = String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
+                        let length: usize = headers
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() < head + 4 + length {
+                            match conn.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                            continue;
+                        }
+                        buf.drain(..head + 4 + length);
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"slow down","ThrottlingReasons":[{"reason":"TableWriteKeyRangeThroughputExceeded","resource":"arn:aws:dynamodb:us-east-1:1:table/t"}]}"#;
+                        let answer = format!(
+                            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/x-amz-json-1.0\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, count)
+    }
+
+    /// The load test's measured calls are made once even where the client
+    /// retries (here 3 attempts, as `AWS_MAX_ATTEMPTS=3` would): a throttle
+    /// reaches the caller as one, with DynamoDB's reason. The same client's
+    /// ordinary PutItem retries, so the server does provoke retries.
+    #[tokio::test]
+    async fn measured_calls_are_made_once_whatever_the_clients_attempts() {
+        use std::sync::atomic::Ordering;
+        let (url, count) = refusing_server().await;
+        let clients = crate::aws::Clients::connect(&crate::aws::AwsOptions {
+            endpoint_url: Some(url),
+            region: Some("us-east-1".into()),
+            static_credentials: Some(("k".into(), "s".into())),
+            max_attempts: Some(3),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let item: crate::core::value::Item = [
+            ("PK".to_string(), crate::core::value::Value::S("a".into())),
+            ("SK".to_string(), crate::core::value::Value::S("b".into())),
+        ]
+        .into();
+        let throttled = |e: crate::aws::AwsError| match e {
+            crate::aws::AwsError::Throttled { reasons, .. } => reasons,
+            other => panic!("not a throttle: {other}"),
+        };
+        let e = crate::aws::item::put_once(&clients, "t", &item)
+            .await
+            .unwrap_err();
+        assert_eq!(throttled(e), ["TableWriteKeyRangeThroughputExceeded"]);
+        assert_eq!(count.swap(0, Ordering::SeqCst), 1, "PutItem made once");
+        let call = crate::aws::query::QueryCall {
+            table: "t",
+            partition_key: "PK",
+            sort_key: "SK",
+            key: "a",
+            condition: &crate::core::query::KeyCondition::None,
+            ascending: true,
+            start: None,
+            limit: 10,
+            consistent_read: false,
+        };
+        let e = crate::aws::query::query_once(&clients, &call)
+            .await
+            .unwrap_err();
+        assert_eq!(throttled(e), ["TableWriteKeyRangeThroughputExceeded"]);
+        assert_eq!(count.swap(0, Ordering::SeqCst), 1, "Query made once");
+        let e = crate::aws::item::put_item(&clients, "t", &item)
+            .await
+            .unwrap_err();
+        assert!(e.is_throttle());
+        assert_eq!(count.load(Ordering::SeqCst), 3, "the client's own attempts");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The pure core: the item model, the functions plans use (`shard()`'s
 //! hashes, time buckets), key templates, plans and the transform. No I/O, no
 //! clock, no randomness: everything here is a plain function of its inputs,
-//! tested as such. `inverse` reads a plan backwards: target item → source item.
+//! tested as such (the load test's workload is a seeded sequence: a function
+//! of its seed). `inverse` reads a plan backwards: target item → source item.
 //!
 //! Architecture invariant: `core` imports only `core` (tests/architecture.rs).
 
@@ -12,6 +13,7 @@ pub mod hash;
 pub(crate) mod import;
 pub mod inverse;
 pub mod itemline;
+pub(crate) mod loadtest;
 pub mod marker;
 pub mod plan;
 pub mod query;

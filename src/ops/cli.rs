@@ -160,6 +160,10 @@ pub enum Command {
     Control(ControlArgs),
     /// Re-key a skewed table on the local server while an application writes: analyze, run, cutover, finish.
     Demo(DemoArgs),
+    /// Run the application's skewed traffic against the plan's old design, its new one (keys
+    /// through the plan, reads through the read path), or both, on scratch tables: throttles by
+    /// reason, the hottest keys, latency and a verdict per design.
+    Loadtest(LoadtestArgs),
     /// Print the least-privilege IAM policy (JSON) the plan's commands need.
     IamPolicy(IamPolicyArgs),
     /// Print the shell completion script for SHELL
@@ -192,6 +196,8 @@ pub enum PolicyCommandArg {
     Rollback,
     /// `rekey worker`: backfill by Scan, plus the control table (--state).
     Worker,
+    /// `rekey loadtest`: its scratch tables (<source>-loadtest-old-*, <target>-loadtest-new-*).
+    Loadtest,
     /// backfill, tail, verify, drain and cutover.
     All,
 }
@@ -699,6 +705,61 @@ pub struct ReportArgs {
     /// Memory per spill aggregate before spilling, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     pub spill_memory: usize,
+}
+
+/// `loadtest --design`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DesignArg {
+    /// The plan's source key shape.
+    Old,
+    /// The plan's target key shape.
+    New,
+    /// Old, then new, with the same requests.
+    Both,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadtestArgs {
+    pub plan: PathBuf,
+    /// Which designs to run, one after the other.
+    #[arg(long, value_enum, default_value = "both")]
+    pub design: DesignArg,
+    /// Requests per second, reads and writes together.
+    #[arg(long, value_name = "REQUESTS", default_value_t = 100.0)]
+    pub rate: f64,
+    /// Seconds each design runs.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub duration: f64,
+    /// Reads to writes, READS:WRITES (`1:4`; `0:1` writes only). Default: the preset's.
+    #[arg(long, value_name = "READS:WRITES")]
+    pub mix: Option<String>,
+    /// The scenario: skewed (the default), hot-case, bulk-upload, deadline-scheduler,
+    /// status-churn, dashboard, replay, lambda-spike, gsi-backfill.
+    #[arg(long, value_name = "NAME", default_value = "skewed")]
+    pub preset: String,
+    /// The rule whose keys are drawn (default: the first whose new key has shard() or bucket()).
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// Existing tables to run against, OLD,NEW (kept afterwards), instead of scratch tables.
+    #[arg(long, value_name = "OLD,NEW")]
+    pub tables: Option<String>,
+    /// Requests in flight at most.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub concurrency: usize,
+    /// Seed of the request sequence: the same seed makes the same requests.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Items per read (one page).
+    #[arg(long, value_name = "ITEMS", default_value_t = 25)]
+    pub page: usize,
+    /// How many keys each hottest-keys list shows.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub top: usize,
+    /// Against AWS: run, after printing the estimated cost (without it, the estimate only).
+    #[arg(long)]
+    pub yes: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! The phases of a migration, each the body of one command: analyze, check,
 //! backfill, in-place updates, tail, the stream watch, drain barriers,
-//! verify, cutover and the lifecycle that runs them in order. A phase reads
+//! verify, cutover and the lifecycle that runs them in order; and the load
+//! test that measures a plan's two designs under the application's traffic. A phase reads
 //! and writes AWS only through `aws`, keeps its checkpoints through `state`,
 //! and reports through the progress handle it is given.
 //!
@@ -15,6 +16,7 @@ pub mod error;
 pub(crate) mod fleet;
 pub mod inplace;
 pub(crate) mod lifecycle;
+pub(crate) mod loadtest;
 pub mod markers;
 pub(crate) mod progress;
 pub mod query;

@@ -25,6 +25,7 @@ mod import;
 mod inplace;
 mod lifecycle;
 mod lineage;
+mod loadtest;
 mod local;
 mod logs;
 mod many_shards;

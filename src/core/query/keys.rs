@@ -77,7 +77,7 @@ pub struct LogicalKey {
 }
 
 /// The names a template reads outside `shard()` and `bucket()`, and whether it has a `bucket()`.
-fn needs(t: &Template) -> (BTreeSet<&str>, bool) {
+pub(crate) fn needs(t: &Template) -> (BTreeSet<&str>, bool) {
     let mut names = BTreeSet::new();
     let mut bucketed = false;
     for p in &t.parts {
@@ -103,7 +103,7 @@ fn list<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// The rule's partition-key template; None when the rule keeps the source key.
-fn pk_template<'p>(plan: &'p Plan, rule: &'p Rule) -> Option<&'p Template> {
+pub(crate) fn pk_template<'p>(plan: &'p Plan, rule: &'p Rule) -> Option<&'p Template> {
     let pk = &plan.target_key.partition_key.name;
     rule.key.iter().find(|(a, _)| &a.name == pk).map(|(_, t)| t)
 }

@@ -14,6 +14,7 @@
 //! * `run` — `run`, the whole lifecycle.
 //! * `switch` — `drain`, `cutover`, `finish`.
 //! * `demo` — `demo`.
+//! * `loadtest` — `loadtest`: the cost gate against AWS, the run, the report.
 //!
 //! The process's stop is handed in ([`Shutdown`]), and [`run`] gives its
 //! token ([`Shutdown::stop_cleanly`]) to exactly the commands that stop
@@ -26,6 +27,7 @@ mod analyze;
 mod copy;
 mod demo;
 mod fleet;
+mod loadtest;
 mod offline;
 mod query;
 mod run;
@@ -72,6 +74,7 @@ pub async fn run(config: Config, shutdown: &Shutdown) -> anyhow::Result<i32> {
         Command::Rollback(cmd) => switch::rollback(c, cmd).await,
         Command::Finish(cmd) => switch::finish(c, cmd).await,
         Command::Demo(cmd) => demo::demo(c, cmd).await,
+        Command::Loadtest(cmd) => loadtest::loadtest(c, cmd, stop()).await,
     }
 }
 

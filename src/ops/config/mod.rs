@@ -42,7 +42,10 @@ use crate::phase::verify::fleet::FleetVerifyOptions;
 use crate::state::StateDir;
 use crate::state::fleet::FleetRef;
 
+mod loadtest;
 mod query;
+
+pub use loadtest::LoadtestRun;
 
 /// Consecutive non-throttle failures of one write before a run stops.
 const MAX_RETRIES: u32 = 10;
@@ -126,6 +129,7 @@ pub enum Command {
     Status(Planned<StateDir>),
     Control(Planned<ControlChange>),
     Demo(DemoOptions),
+    Loadtest(Planned<LoadtestRun>),
     IamPolicy(Planned<PolicyOptions>),
     /// `rekey completions SHELL`.
     Completions(clap_complete::Shell),
@@ -344,6 +348,7 @@ fn command_and_output(
         C::Query(a) => (query::query(&a)?, no_progress(a.json)),
         C::Status(a) => (status(&a)?, no_progress(a.json)),
         C::Control(a) => (control(&a)?, no_progress(a.json)),
+        C::Loadtest(a) => (loadtest::loadtest(&a)?, output(a.json, false)),
         C::Demo(a) => {
             let out = output(a.json, false);
             (demo(a, aws, env), out)
@@ -836,6 +841,7 @@ fn iam_policy(a: &cli::IamPolicyArgs, aws: &AwsArgs) -> anyhow::Result<Command> 
             PolicyCommandArg::Reverse => commands.push(P::Reverse),
             PolicyCommandArg::Rollback => commands.push(P::Rollback),
             PolicyCommandArg::Worker => commands.push(P::Worker),
+            PolicyCommandArg::Loadtest => commands.push(P::Loadtest),
             PolicyCommandArg::All => commands.extend(P::MIGRATION),
         }
     }

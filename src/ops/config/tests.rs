@@ -52,6 +52,7 @@ fn options(c: &Command) -> String {
         Command::Status(p) => format!("{:#?}", p.options),
         Command::Control(p) => format!("{:#?}", p.options),
         Command::Demo(d) => format!("{d:#?}"),
+        Command::Loadtest(p) => format!("{:#?}", p.options),
         Command::Suggest(s) => format!("{s:#?}"),
         Command::IamPolicy(p) => format!("{:#?}", p.options),
         Command::Completions(shell) => format!("{shell:?}"),

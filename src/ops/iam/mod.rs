@@ -96,6 +96,9 @@ pub enum PolicyCommand {
     /// `rekey worker`: a backfill by Scan (or from an export, with
     /// `--export`), and the fleet's control table.
     Worker,
+    /// `rekey loadtest`: its scratch tables, created, written, read and
+    /// deleted (`<source>-loadtest-old-*`, `<target>-loadtest-new-*`).
+    Loadtest,
 }
 
 impl PolicyCommand {
@@ -228,6 +231,12 @@ pub const ACTIONS_USED: &[ActionUse] = &[
         ".create_table()",
         &["src/aws/mod.rs"],
     ),
+    // `rekey loadtest`'s scratch tables (with CreateTable above).
+    used(
+        "dynamodb:DeleteTable",
+        ".delete_table()",
+        &["src/aws/mod.rs"],
+    ),
     used(
         "dynamodb:DescribeImport",
         ".describe_import()",
@@ -252,6 +261,7 @@ pub const IMPORT_ON_BEHALF: &[&str] = &[
 
 /// The partition-key prefix of the drain barrier's marker items.
 use crate::core::marker::MARKER_PREFIX;
+use crate::phase::loadtest::{Design, scratch_table};
 
 /// Statement ids, one per purpose.
 pub(crate) mod sid {
@@ -270,6 +280,8 @@ pub(crate) mod sid {
     pub const IMPORT_OBJECTS: &str = "ImportObjects";
     pub const IMPORT_LIST: &str = "ListImportObjects";
     pub const IMPORT_LOGS: &str = "ImportLogs";
+    pub const LOADTEST_OLD: &str = "LoadtestOldDesignTables";
+    pub const LOADTEST_NEW: &str = "LoadtestNewDesignTables";
 }
 
 fn table_arn(o: &PolicyOptions, table: &str) -> String {
@@ -289,6 +301,8 @@ struct Needs {
     target_stream: BTreeSet<&'static str>,
     target_marker: BTreeSet<&'static str>,
     control: BTreeSet<&'static str>,
+    /// `rekey loadtest`'s scratch tables, old design's and new design's alike.
+    scratch: BTreeSet<&'static str>,
     export: bool,
     import: bool,
 }
@@ -352,6 +366,13 @@ impl Needs {
                 self.target_marker.extend(MARKER_WRITES);
             }
             PolicyCommand::Worker => self.worker(scope.export),
+            PolicyCommand::Loadtest => self.scratch.extend([
+                "dynamodb:CreateTable",
+                "dynamodb:DescribeTable",
+                "dynamodb:PutItem",
+                "dynamodb:Query",
+                "dynamodb:DeleteTable",
+            ]),
         }
     }
 
@@ -605,6 +626,16 @@ pub fn document(plan: &Plan, opts: &PolicyOptions) -> PolicyDocument {
         && !n.control.is_empty()
     {
         statements.push(statement(sid::CONTROL, &n.control, table_arn(opts, table)));
+    }
+    if !n.scratch.is_empty() {
+        // The names `phase::loadtest` gives its scratch tables.
+        for (sid, design) in [
+            (sid::LOADTEST_OLD, Design::Old),
+            (sid::LOADTEST_NEW, Design::New),
+        ] {
+            let table = scratch_table(plan, design, "*");
+            statements.push(statement(sid, &n.scratch, table_arn(opts, &table)));
+        }
     }
     if n.export
         && let Some(ExportLocation::S3 { bucket, prefix }) = &opts.export

@@ -143,6 +143,7 @@ fn no_policy_grants_an_action_the_code_does_not_call() {
         PolicyCommand::Query,
         PolicyCommand::Reverse,
         PolicyCommand::Rollback,
+        PolicyCommand::Loadtest,
     ];
     for plan in [rekey(), in_place()] {
         for (export, import) in [(None, None), (Some("s3://b/p"), Some("s3://b/i"))] {
@@ -176,6 +177,7 @@ fn command(name: &str) -> PolicyCommand {
         "reverse" => PolicyCommand::Reverse,
         "rollback" => PolicyCommand::Rollback,
         "worker" => PolicyCommand::Worker,
+        "loadtest" => PolicyCommand::Loadtest,
         other => panic!("unknown command `{other}`"),
     }
 }
@@ -212,7 +214,8 @@ fn fixture_case(path: &Path) -> (Plan, PolicyOptions) {
 
 /// Every fixture's policy, whole: `tests/fixtures/iam/<case>.toml` →
 /// `<case>.json`. Each also grants only actions the code calls, and
-/// CreateTable only to a worker.
+/// CreateTable only to a worker and to the load test, DeleteTable only
+/// on the load test's scratch tables.
 #[test]
 fn fixtures_each_command_and_option_gets_exactly_its_policy() {
     let known: BTreeSet<&str> = ACTIONS_USED
@@ -236,10 +239,19 @@ fn fixtures_each_command_and_option_gets_exactly_its_policy() {
         let creates = m.values().flatten().any(|a| a == "dynamodb:CreateTable");
         assert_eq!(
             creates,
-            opts.commands.contains(&PolicyCommand::Worker) && opts.control_table.is_some(),
-            "{}: CreateTable only for a worker's control table",
+            opts.commands.contains(&PolicyCommand::Worker) && opts.control_table.is_some()
+                || opts.commands.contains(&PolicyCommand::Loadtest),
+            "{}: CreateTable only for a worker's control table and loadtest's scratch tables",
             case.display()
         );
+        for (resource, actions) in &m {
+            assert!(
+                !actions.iter().any(|a| a == "dynamodb:DeleteTable")
+                    || resource.contains("-loadtest-"),
+                "{}: DeleteTable on {resource}, not a scratch table",
+                case.display()
+            );
+        }
         let got = serde_json::to_string_pretty(&p).unwrap() + "\n";
         failures.extend(fixture::compare(
             &fixture::sibling(case, ".toml", ".json"),
