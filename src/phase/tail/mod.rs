@@ -448,8 +448,15 @@ pub async fn run(
         }
     }
     progress.finish();
-    // A probe the stop cut short must not leave markers in the application's table.
-    if let Some(probing) = t.probing.take() {
+    // A probe in flight must not leave markers in the application's table.
+    // It is let finish (each marker it puts, it deletes): aborted, a put
+    // already sent could land after the sweep's delete and stay. Only one
+    // that outlasts the bound is cut short, and its round swept.
+    if let Some(mut probing) = t.probing.take()
+        && tokio::time::timeout(SWEEP_ON_STOP, &mut probing)
+            .await
+            .is_err()
+    {
         probing.abort();
         let _ = probing.await;
     }
