@@ -1,5 +1,5 @@
 //! The randomized whole-lifecycle campaign (issue 25): `scripts/soak
-//! [TRIALS] [--seed S]` runs [`campaign`]. Not in CI: a trial takes 400–700 s
+//! [TRIALS] [--seed S]` runs [`campaign`]. Not in CI: a trial takes 170–350 s
 //! on 2 cores, more than CI's budget has left (BENCHMARKS.md, "Soak", has the
 //! figures).
 //!
