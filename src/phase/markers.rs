@@ -53,15 +53,43 @@ pub(crate) fn round_size(k: usize) -> u32 {
 const MISSES: u32 = 3;
 
 /// Which probe marker reaches which shard, as read.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ProbeKeys {
     /// Shard → the number of a [`PROBE_KEYS`] marker read on it.
     seen: HashMap<String, u32>,
     /// Shard → targeted probes sent to it since it last showed one.
     misses: HashMap<String, u32>,
+    /// Where the next full round's markers start. Each full round takes
+    /// keys no earlier one took: the same keys every round would miss the
+    /// same shards every round (a partition split off where none of them
+    /// hash), and such a shard would never show a marker.
+    next: u32,
+}
+
+impl Default for ProbeKeys {
+    fn default() -> ProbeKeys {
+        ProbeKeys {
+            seen: HashMap::new(),
+            misses: HashMap::new(),
+            // A process's rounds start apart from another's (a restarted
+            // tail, verify's watch beside the tail).
+            next: rand_u32() >> 2,
+        }
+    }
 }
 
 impl ProbeKeys {
+    /// The first marker of a full round of `n`, taking keys no earlier
+    /// round of this process took.
+    pub(crate) fn full_round(&mut self, n: u32) -> u32 {
+        let from = match self.next.checked_add(n) {
+            Some(_) => self.next,
+            None => 0,
+        };
+        self.next = from + n;
+        from
+    }
+
     /// For each shard of `shards` with one, the marker that reaches it: its
     /// own, or that of the parent it alone continues (a rollover keeps the
     /// key range; a split does not). A shard that missed [`MISSES`] targeted
@@ -336,6 +364,15 @@ mod tests {
         assert_eq!(k.targets(&["b"], &shards), Some(vec![2]), "b is fine");
         k.saw("a", 5);
         assert_eq!(k.targets(&["a", "b"], &shards), Some(vec![2, 5]));
+    }
+
+    #[test]
+    fn each_full_round_takes_keys_no_earlier_round_took() {
+        let mut k = ProbeKeys::default();
+        let a = k.full_round(100);
+        let b = k.full_round(50);
+        let c = k.full_round(10);
+        assert_eq!((b, c), (a + 100, a + 150));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::core::marker::marker_in;
 use crate::core::plan::Plan;
 use crate::core::transform::{Outcome, transform};
 use crate::core::value::{Item, encode_key};
-use crate::phase::markers::{PROBE_KEYS, ProbeKeys};
+use crate::phase::markers::{PROBE_KEYS, ProbeKeys, round_size};
 
 /// A source write seen by the watch: the item written, and the target key its
 /// new image maps to (None for a delete, or an image the plan does not map).
@@ -250,9 +250,10 @@ impl Watch {
     }
 
     /// The [`PROBE_KEYS`] markers that reach every shard not yet read past
-    /// `want` (seconds since the epoch), when one is known for each; None: a
-    /// full round is needed ([`ProbeKeys::targets`]).
-    pub(crate) fn probe_targets(&mut self, want: f64) -> Option<Vec<u32>> {
+    /// `want` (seconds since the epoch), when one is known for each; else
+    /// a full round's first marker and size
+    /// ([`ProbeKeys::targets`], [`ProbeKeys::full_round`]).
+    pub(crate) fn probe_targets(&mut self, want: f64) -> Result<Vec<u32>, (u32, u32)> {
         let listing: Vec<ShardInfo> = self
             .shards
             .iter()
@@ -268,7 +269,10 @@ impl Watch {
             .filter(|(_, w)| !w.finished && w.progress.record_at.is_none_or(|t| t < want))
             .map(|(id, _)| id.as_str())
             .collect();
-        self.probe_keys.targets(&quiet, &listing)
+        let full = round_size(self.open_shards());
+        self.probe_keys
+            .targets(&quiet, &listing)
+            .ok_or_else(|| (self.probe_keys.full_round(full), full))
     }
 }
 

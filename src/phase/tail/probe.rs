@@ -92,6 +92,7 @@ impl Tail<'_> {
             return Ok(());
         }
         let size = round_size(open.len());
+        let from = self.probe_keys.full_round(size);
         let clients = self.clients.clone();
         let key = key.clone();
         let table = self.opts.flow.read_table(self.plan).to_string();
@@ -107,7 +108,7 @@ impl Tail<'_> {
             };
             let (n, targeted) = match &targets {
                 Some(ns) => (markers.these(ns).await?, true),
-                None => (markers.round(0, size).await?, false),
+                None => (markers.round(from, size).await?, false),
             };
             tracing::debug!(markers = n, targeted, "probe written");
             Ok(())

@@ -534,11 +534,10 @@ impl Watcher {
                 let due = probed.is_none_or(|p| p.elapsed() >= crate::phase::markers::ROUND_EVERY);
                 if probing.is_none() && due && through < want {
                     let targets = watch.probe_targets(want);
-                    let open = watch.open_shards();
                     shared.lock().unwrap_or_else(|e| e.into_inner()).probes += 1;
                     let ctx = ctx.clone();
                     probed = Some(Instant::now());
-                    let probing_now = async move { probe(&ctx, targets, open).await };
+                    let probing_now = async move { probe(&ctx, targets).await };
                     probing = Some(tokio::spawn(probing_now.in_current_span()));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -603,9 +602,10 @@ impl Watcher {
 
 /// One round of probe markers: the [`PROBE_KEYS`](crate::phase::markers::PROBE_KEYS)
 /// markers `targets` when the watch knows one for each shard it waits on,
-/// else a full round over `open` shards; nothing when the source's key
-/// cannot carry a marker (numeric: then only traffic proves anything).
-async fn probe(ctx: &Ctx, targets: Option<Vec<u32>>, open: usize) -> Result<(), String> {
+/// else the full round it names (first marker, size); nothing when the
+/// source's key cannot carry a marker (numeric: then only traffic proves
+/// anything).
+async fn probe(ctx: &Ctx, targets: Result<Vec<u32>, (u32, u32)>) -> Result<(), String> {
     let key = &ctx.plan.source_key;
     if key.partition_key.ty == crate::core::value::ScalarType::N {
         return Ok(());
@@ -620,12 +620,8 @@ async fn probe(ctx: &Ctx, targets: Option<Vec<u32>>, open: usize) -> Result<(), 
         ledger: &ledger,
     };
     let written = match &targets {
-        Some(ns) => markers.these(ns).await,
-        None => {
-            markers
-                .round(0, crate::phase::markers::round_size(open))
-                .await
-        }
+        Ok(ns) => markers.these(ns).await,
+        Err((from, n)) => markers.round(*from, *n).await,
     };
     written
         .map(|_| ())
