@@ -1,12 +1,12 @@
 // Seconds: 3-5 s for the scrape (a `run` of 20 items to ready-for-cutover, then cutover and
-// finish), 3 s for the EMF backfill of 167 items, at load 9 on 2 cores.
+// finish), 3 s for the EMF backfill of 167 items, 2 s for the worker's, at load 9 on 2 cores.
 //! `--metrics-listen` and `--metrics emf` (issue 28, item 2), read the way
 //! monitoring reads them: a running `rekey run` is scraped over HTTP while it
 //! works and once it is ready for cutover, each answer parsed by the
 //! reference OpenMetrics parser (Python's `prometheus_client`, installed by
 //! scripts/install-deps), and what it says agrees with the run's own `--json`
-//! report; a backfill's EMF lines parse as CloudWatch's embedded metric
-//! format and add up to its report.
+//! report; a backfill's and a fleet worker's EMF lines parse as CloudWatch's
+//! embedded metric format and add up to their reports.
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
@@ -304,49 +304,11 @@ async fn emf_lines_on_stderr_follow_cloudwatchs_schema_and_add_up_to_the_report(
         "--metrics",
         "emf",
         "--metrics-interval",
-        "0.5",
+        "0.2",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let r = report(&out);
-    let err = stderr(&out);
-    let lines: Vec<Json> = err
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
-    assert!(
-        lines.len() >= 2,
-        "a line per interval and one at the end: {err}"
-    );
-    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
-    for l in &lines {
-        let aws = &l["_aws"];
-        assert!(
-            aws["Timestamp"]
-                .as_i64()
-                .is_some_and(|t| t > 1_700_000_000_000),
-            "{l}"
-        );
-        let directives = aws["CloudWatchMetrics"].as_array().expect("directives");
-        assert_eq!(directives.len(), 1, "{l}");
-        let d = &directives[0];
-        assert_eq!(d["Namespace"], "rekey", "{l}");
-        for set in d["Dimensions"].as_array().unwrap() {
-            for dim in set.as_array().unwrap() {
-                let dim = dim.as_str().unwrap();
-                assert!(l[dim].is_string(), "dimension {dim} is a member: {l}");
-            }
-        }
-        assert_eq!(l["Command"], "backfill");
-        assert_eq!(l["Table"], source.as_str());
-        for m in d["Metrics"].as_array().unwrap() {
-            let name = m["Name"].as_str().unwrap();
-            let unit = m["Unit"].as_str().unwrap();
-            assert!(["Count", "Seconds"].contains(&unit), "{m}");
-            let v = l[name].as_f64().unwrap_or_else(|| panic!("{name} in {l}"));
-            *sums.entry(name.to_string()).or_default() += v;
-        }
-    }
+    let (_, sums) = emf(&out, "backfill", &source, 2);
     // Counters go out as their growth: over the lines, the report's totals.
     let t = &r["totals"];
     assert_eq!(
@@ -370,4 +332,102 @@ async fn emf_lines_on_stderr_follow_cloudwatchs_schema_and_add_up_to_the_report(
         stdout(&out).lines().filter(|l| l.contains("_aws")).count(),
         0
     );
+}
+
+/// The EMF lines of `out`'s stderr, each checked against the format's
+/// schema, and the sum of each metric over them.
+fn emf(
+    out: &std::process::Output,
+    command: &str,
+    table: &str,
+    min_lines: usize,
+) -> (Vec<Json>, BTreeMap<String, f64>) {
+    let err = stderr(out);
+    let lines: Vec<Json> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.len() >= min_lines,
+        "a line per interval and one at the end: {err}"
+    );
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    for l in &lines {
+        let aws = &l["_aws"];
+        assert!(
+            aws["Timestamp"]
+                .as_i64()
+                .is_some_and(|t| t > 1_700_000_000_000),
+            "{l}"
+        );
+        let directives = aws["CloudWatchMetrics"].as_array().expect("directives");
+        assert_eq!(directives.len(), 1, "{l}");
+        let d = &directives[0];
+        assert_eq!(d["Namespace"], "rekey", "{l}");
+        for set in d["Dimensions"].as_array().unwrap() {
+            for dim in set.as_array().unwrap() {
+                let dim = dim.as_str().unwrap();
+                assert!(l[dim].is_string(), "dimension {dim} is a member: {l}");
+            }
+        }
+        assert_eq!(l["Command"], command);
+        assert_eq!(l["Table"], table);
+        for m in d["Metrics"].as_array().unwrap() {
+            let name = m["Name"].as_str().unwrap();
+            let unit = m["Unit"].as_str().unwrap();
+            assert!(["Count", "Seconds"].contains(&unit), "{m}");
+            let v = l[name].as_f64().unwrap_or_else(|| panic!("{name} in {l}"));
+            *sums.entry(name.to_string()).or_default() += v;
+        }
+    }
+    (lines, sums)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_emf_lines_show_the_fleets_units_and_what_it_scanned() {
+    let env = TestEnv::start_local().await;
+    let source = env.table_name("src");
+    let target = env.table_name("dst");
+    env.create_table(&source, &pk_only()).await;
+    env.create_table(&target, &pk_sk()).await;
+    env.put(&source, &seed(60)).await;
+    let (plan, _) = orders_by_status(&source, &target).write(&env);
+    let url = format!("dynamodb://{}", env.table_name("ctl"));
+    let state = env.dir.path().join("state");
+    let out = env.rekey(&[
+        "worker",
+        plan.to_str().unwrap(),
+        "--state",
+        &url,
+        "--worker-id",
+        "w1",
+        "--segments",
+        "3",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--json",
+        "--metrics",
+        "emf",
+        "--metrics-interval",
+        "0.2",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report(&out);
+    let (lines, sums) = emf(&out, "worker", &source, 1);
+    let last = lines.last().unwrap();
+    // The last status the worker reported: every unit done, none held.
+    assert_eq!(
+        last["FleetUnitsDone"].as_f64(),
+        r["segments"].as_f64(),
+        "{last} {r}"
+    );
+    assert_eq!(last["FleetUnitsOpen"], 0.0, "{last}");
+    assert_eq!(
+        sums["WorkerItemsScanned"],
+        r["this_worker"]["scanned"].as_f64().unwrap(),
+        "{sums:?} {r}"
+    );
+    assert_eq!(r["this_worker"]["scanned"], 60, "{r}");
+    assert!(sums["ConsumedWCU"] > 0.0, "{sums:?}");
 }

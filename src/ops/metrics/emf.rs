@@ -84,6 +84,7 @@ fn metrics(s: &Sample) -> Vec<(&'static str, &'static str, Kind, f64)> {
             u.total.saturating_sub(u.done) as f64,
         ));
         m.push(("WorkerLeases", "Count", Gauge, u.held as f64));
+        m.push(("WorkerItemsScanned", "Count", Counter, u.scanned as f64));
     }
     m
 }
