@@ -7,7 +7,7 @@
 //! Counters go out as what they grew by since the previous line (CloudWatch
 //! sums the datapoints of a period), gauges as they are. Namespace `rekey`,
 //! dimensions `Command` and `Table` (the plan's source table); the phase is
-//! a property (`Phase`), searchable in Logs Insights but not a metric.
+//! a property (`Phase`), queryable in Logs Insights but not a metric.
 
 use std::collections::BTreeMap;
 
