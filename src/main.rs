@@ -60,6 +60,7 @@ fn main() {
                     command: "rekey",
                     plan: None,
                     show_keys: false,
+                    metrics: false,
                 });
             }
             fail(&err, exit::BAD_INPUT)

@@ -230,6 +230,35 @@ pub struct StateArgs {
     pub state_dir: Option<PathBuf>,
 }
 
+/// Metrics of a long-running command (`backfill`, `undo`, `run`, `worker`, `tail`, `reverse`,
+/// `verify`).
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// Serve OpenMetrics at http://ADDR/metrics while the command runs (e.g. 0.0.0.0:9464;
+    /// port 0 picks a free one, noted on stderr).
+    #[arg(long, value_name = "ADDR", conflicts_with = "metrics")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// emf: write CloudWatch embedded-metric-format lines on stderr instead (namespace
+    /// rekey), every --metrics-interval and when the command ends.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub metrics: Option<MetricsFormatArg>,
+    /// Seconds between two EMF lines.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60.0,
+        requires = "metrics"
+    )]
+    pub metrics_interval: f64,
+}
+
+/// `--metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MetricsFormatArg {
+    /// CloudWatch embedded metric format, one JSON object a line on stderr.
+    Emf,
+}
+
 #[derive(Debug, Args)]
 pub struct BackfillArgs {
     pub plan: PathBuf,
@@ -237,6 +266,8 @@ pub struct BackfillArgs {
     pub state: StateArgs,
     #[command(flatten)]
     pub copy: CopyArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Print the final report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -319,6 +350,8 @@ pub struct RunArgs {
     pub state: StateArgs,
     #[command(flatten)]
     pub copy: CopyArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     /// Skip the analyze gate (a full Scan that refuses a plan whose new keys would still be hot).
     #[arg(long)]
     pub skip_analyze: bool,
@@ -385,6 +418,8 @@ pub struct WorkerArgs {
     /// --rejects is this worker's own file (default: <state dir>/rejects-<worker id>.jsonl).
     #[command(flatten)]
     pub copy: CopyArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -408,6 +443,8 @@ pub struct TailArgs {
     /// Rejected items (default: <state dir>/tail-rejects.jsonl; `reverse`: reverse-rejects.jsonl).
     #[arg(long, value_name = "FILE")]
     pub rejects: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -447,6 +484,8 @@ pub struct VerifyArgs {
     pub fleet: Option<String>,
     #[command(flatten)]
     pub process: FleetProcessArgs,
+    #[command(flatten)]
+    pub metrics: MetricsArgs,
     #[arg(long)]
     pub json: bool,
 }

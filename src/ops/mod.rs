@@ -3,7 +3,8 @@
 //! command ([`commands`]), stdout ([`out`]: every byte printed there), progress
 //! on the terminal, the log subscriber ([`log`]: `-v`, `RUST_LOG`), redaction
 //! of key values, rendering, the IAM policy and the demo; the process's stop
-//! ([`shutdown`]), handed to the commands that stop cleanly.
+//! ([`shutdown`]), handed to the commands that stop cleanly; the metrics a
+//! long-running command serves or writes ([`metrics`]).
 //!
 //! Architecture invariant: only `ops` prints to stdout or redacts
 //! (tests/architecture.rs).
@@ -14,6 +15,7 @@ pub mod config;
 pub mod demo;
 pub(crate) mod iam;
 pub mod log;
+pub(crate) mod metrics;
 pub mod out;
 pub(crate) mod progress;
 pub mod redact;

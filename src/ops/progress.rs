@@ -40,9 +40,10 @@ fn json_event(event: &serde_json::Value) {
     let _ = out::line(&event.to_string());
 }
 
-/// The progress handle for a command's output mode.
+/// The progress handle for a command's output mode (whose statuses the
+/// metrics read too, when they are on: `ops::metrics::feed`).
 pub fn new(mode: ProgressMode) -> Progress {
-    Progress::new(Arc::new(Terminal::new(mode)))
+    crate::ops::metrics::feed::tee(Arc::new(Terminal::new(mode)))
 }
 
 /// Cheap to clone: clones share one display.

@@ -29,6 +29,7 @@ mod loadtest;
 mod local;
 mod logs;
 mod many_shards;
+mod metrics;
 mod ops;
 mod proxy;
 mod query;

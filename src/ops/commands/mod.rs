@@ -16,7 +16,7 @@
 //! * `demo` — `demo`.
 //! * `loadtest` — `loadtest`: the cost gate against AWS, the run, the report.
 //!
-//! The process's stop is handed in ([`Shutdown`]), and [`run`] gives its
+//! The process's stop is handed in ([`Shutdown`]), and [`run`]'s dispatch gives its
 //! token ([`Shutdown::stop_cleanly`]) to exactly the commands that stop
 //! cleanly: the ones whose phases take it as a parameter. Taking it is what
 //! makes a command stop cleanly on Ctrl-C or SIGTERM, and a phase that needs
@@ -41,15 +41,56 @@ use serde::Serialize;
 
 use crate::aws::Clients;
 use crate::ops::config::{Command, Common, Config, Format};
-use crate::ops::out;
 use crate::ops::shutdown::Shutdown;
+use crate::ops::{metrics, out};
+use crate::state::StateDir;
 
-/// Run one command; the result is the process exit code. The commands
-/// handed `shutdown.stop_cleanly()` are the ones that stop cleanly: this
-/// match is the only list of them.
+/// Run one command; the result is the process exit code. Its metrics, if
+/// asked for, start before its work and end when it returns.
 pub async fn run(config: Config, shutdown: &Shutdown) -> anyhow::Result<i32> {
     let Config { command, common } = config;
-    let c = &common;
+    let metrics = match common.metrics {
+        Some(sink) => Some(
+            metrics::start(metrics::Source {
+                sink,
+                command: command.name(),
+                table: command
+                    .plan()
+                    .map(|p| p.source_table.clone())
+                    .unwrap_or_default(),
+                state_dir: local_state(&command).cloned(),
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    if let Some(addr) = metrics.as_ref().and_then(|m| m.address)
+        && !common.output.quiet
+    {
+        crate::ops::log::note(&format!("metrics on http://{addr}/metrics"));
+    }
+    let result = dispatch(command, &common, shutdown).await;
+    if let Some(m) = metrics {
+        m.finish().await;
+    }
+    result
+}
+
+/// The state directory whose snapshots a command's metrics read: none for
+/// a fleet's worker and verify, whose state is the control table.
+fn local_state(command: &Command) -> Option<&StateDir> {
+    match command {
+        Command::Backfill(p) => Some(&p.options.state_dir),
+        Command::Tail(p) | Command::TailFleet { tail: p, .. } => Some(&p.options.state_dir),
+        Command::Verify(p) => Some(&p.options.state_dir),
+        Command::Run(p) => Some(&p.options.state_dir),
+        _ => None,
+    }
+}
+
+/// The command itself. The commands handed `shutdown.stop_cleanly()` are
+/// the ones that stop cleanly: this match is the only list of them.
+async fn dispatch(command: Command, c: &Common, shutdown: &Shutdown) -> anyhow::Result<i32> {
     let stop = || shutdown.stop_cleanly();
     match command {
         Command::Check(cmd) => offline::check(c, cmd),

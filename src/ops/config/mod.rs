@@ -20,11 +20,13 @@ use crate::aws::export::ExportLocation;
 use crate::core::plan::Plan;
 use crate::core::suggest::{ShardRounding, SuggestOptions};
 use crate::ops::cli::{
-    self, AwsArgs, Cli, InputError, LogFormatArg, PolicyCommandArg, ReportArgs, ScanArgs,
+    self, AwsArgs, Cli, InputError, LogFormatArg, MetricsFormatArg, PolicyCommandArg, ReportArgs,
+    ScanArgs,
 };
 use crate::ops::demo::{self, DemoOptions};
 use crate::ops::iam::{PolicyCommand, PolicyOptions};
 use crate::ops::log::{self, LogOptions};
+use crate::ops::metrics::MetricsSink;
 use crate::ops::progress::ProgressMode;
 use crate::ops::redact::Redactor;
 use crate::phase::analyze::{AnalyzeOptions, ScanSettings};
@@ -70,6 +72,8 @@ pub struct Common {
     pub verbose: u8,
     /// `--log-format`: the log's lines as text or JSON.
     pub log_format: log::Format,
+    /// `--metrics-listen` or `--metrics emf` (long-running commands only).
+    pub metrics: Option<MetricsSink>,
 }
 
 /// How a command prints.
@@ -188,6 +192,7 @@ impl Config {
             command: self.command.name(),
             plan: self.command.plan(),
             show_keys: self.common.output.redactor.show,
+            metrics: self.common.metrics.is_some(),
         }
     }
 }
@@ -274,6 +279,7 @@ impl Config {
             show_keys,
             command,
         } = cli;
+        let metrics = metrics(&command)?;
         let (command, output) = command_and_output(command, &aws, env)?;
         let log_format = match log_format {
             LogFormatArg::Text => log::Format::Text,
@@ -284,6 +290,7 @@ impl Config {
             common: Common {
                 verbose,
                 log_format,
+                metrics,
                 aws: aws_options(&aws),
                 output: Output {
                     quiet,
@@ -359,6 +366,33 @@ fn command_and_output(
         C::IamPolicy(a) => (iam_policy(&a, aws)?, no_progress(true)),
         C::Completions(a) => (Command::Completions(a.shell), no_progress(false)),
         C::Man => (Command::Man, no_progress(false)),
+    })
+}
+
+/// The metrics' sink of a long-running command: `--metrics-listen ADDR` or
+/// `--metrics emf` (clap refuses both at once), or none.
+fn metrics(command: &cli::Command) -> anyhow::Result<Option<MetricsSink>> {
+    use cli::Command as C;
+    let m = match command {
+        C::Backfill(a) | C::Undo(a) => &a.metrics,
+        C::Run(a) => &a.metrics,
+        C::Worker(a) => &a.metrics,
+        C::Tail(a) | C::Reverse(a) => &a.metrics,
+        C::Verify(a) => &a.metrics,
+        _ => return Ok(None),
+    };
+    Ok(match (m.metrics_listen, m.metrics) {
+        (Some(addr), _) => Some(MetricsSink::Listen(addr)),
+        (None, Some(MetricsFormatArg::Emf)) => {
+            let interval = seconds("--metrics-interval", m.metrics_interval)?;
+            if interval < Duration::from_millis(100) {
+                return Err(
+                    InputError("--metrics-interval: give 0.1 seconds or more".into()).into(),
+                );
+            }
+            Some(MetricsSink::Emf { interval })
+        }
+        (None, None) => None,
     })
 }
 

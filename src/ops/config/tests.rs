@@ -117,8 +117,11 @@ fn check_fixtures(folder: &str, at_least: usize, show: Show) {
 #[test]
 fn fixtures_arguments_become_the_options_each_command_runs_with() {
     check_fixtures("options", 35, |r| {
-        r.map(|c| options(&c.command))
-            .map_err(|e| format!("refused, where this folder's cases are accepted: {e:#}"))
+        r.map(|c| match c.common.metrics {
+            Some(m) => format!("{}\nmetrics: {m:?}", options(&c.command)),
+            None => options(&c.command),
+        })
+        .map_err(|e| format!("refused, where this folder's cases are accepted: {e:#}"))
     });
 }
 

@@ -37,6 +37,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::core::plan::Plan;
+use crate::ops::metrics::feed;
 use crate::ops::redact::{PlanRedactor, Redactor};
 
 /// `-vv`: rekey's debug events; each SDK operation's span (`DynamoDB.Scan{rpc.method="Scan" …}`,
@@ -75,6 +76,9 @@ pub struct LogOptions<'a> {
     pub plan: Option<&'a Plan>,
     /// `--show-keys`.
     pub show_keys: bool,
+    /// `--metrics-listen` or `--metrics`: the metrics' layer reads the
+    /// request events.
+    pub metrics: bool,
 }
 
 /// The filter for `verbose` (the count of `-v`), unless `rust_log` (the
@@ -96,8 +100,11 @@ static JSON: OnceLock<Arc<json::Context>> = OnceLock::new();
 
 /// Installs the subscriber for `opts` and the environment's `RUST_LOG`.
 /// A `RUST_LOG` that does not parse is reported once on stderr and the
-/// verbosity's filter used instead.
+/// verbosity's filter used instead. With metrics on, the metrics' layer
+/// (`ops::metrics::feed`) is installed beside the log, with a filter of its
+/// own, even when nothing is logged.
 pub fn install(opts: &LogOptions<'_>) {
+    use tracing_subscriber::Layer as _;
     // Asking for JSON lines is asking for a log: at least -v's.
     let verbose = match opts.format {
         Format::Json => opts.verbose.max(1),
@@ -105,6 +112,11 @@ pub fn install(opts: &LogOptions<'_>) {
     };
     let rust_log = std::env::var("RUST_LOG").ok();
     let Some(directives) = filter(verbose, rust_log.as_deref()) else {
+        if opts.metrics {
+            let _ = tracing_subscriber::registry()
+                .with(metrics_layer(true))
+                .try_init();
+        }
         return;
     };
     let filter = EnvFilter::try_new(&directives).unwrap_or_else(|e| {
@@ -115,11 +127,14 @@ pub fn install(opts: &LogOptions<'_>) {
     // Ignore a second install (a library caller may have its own).
     match opts.format {
         Format::Text => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter)
+            let text = tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_target(true)
                 .fmt_fields(text_fields(redact))
+                .with_filter(filter);
+            let _ = tracing_subscriber::registry()
+                .with(text)
+                .with(metrics_layer(opts.metrics))
                 .try_init();
         }
         Format::Json => {
@@ -128,10 +143,10 @@ pub fn install(opts: &LogOptions<'_>) {
                 table: opts.plan.map(|p| p.source_table.clone()),
                 redact,
             });
-            let layer = json::JsonLayer::new(context.clone(), std::io::stderr);
+            let layer = json::JsonLayer::new(context.clone(), std::io::stderr).with_filter(filter);
             if tracing_subscriber::registry()
-                .with(filter)
                 .with(layer)
+                .with(metrics_layer(opts.metrics))
                 .try_init()
                 .is_ok()
             {
@@ -139,6 +154,19 @@ pub fn install(opts: &LogOptions<'_>) {
             }
         }
     }
+}
+
+/// The metrics' layer, if `on`: the request events only, at any level.
+fn metrics_layer<S>(on: bool) -> Option<impl tracing_subscriber::Layer<S>>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    on.then(|| {
+        let requests = tracing_subscriber::filter::Targets::new()
+            .with_target(feed::REQUEST_TARGET, tracing::Level::DEBUG);
+        feed::RequestLayer.with_filter(requests)
+    })
 }
 
 /// tracing's text fields (`message name=value …`, as its default formatter
