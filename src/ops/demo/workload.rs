@@ -1,39 +1,9 @@
 //! The demo's table and its application's orders: 100 tenants in four
 //! classes of very different weight, three days, drawn from a fixed seed.
 
+// The tenants' classes (70 / 20 / 9 / 1) are the ones `rekey loadtest` draws from.
+use crate::core::loadtest::scenario::CLASSES;
 use crate::core::value::{Item, Value};
-
-/// A tenant class of the skewed workload: how many tenants, and how heavily
-/// each writes relative to a normal tenant.
-struct Class {
-    name: &'static str,
-    tenants: u32,
-    weight: u32,
-}
-
-/// 100 tenants: 70 / 20 / 9 / 1, each class writing far more per tenant.
-const CLASSES: [Class; 4] = [
-    Class {
-        name: "normal",
-        tenants: 70,
-        weight: 1,
-    },
-    Class {
-        name: "large",
-        tenants: 20,
-        weight: 5,
-    },
-    Class {
-        name: "enterprise",
-        tenants: 9,
-        weight: 25,
-    },
-    Class {
-        name: "pathological",
-        tenants: 1,
-        weight: 400,
-    },
-];
 
 /// Three days; most orders are today's, as in any live system.
 const DAYS: [(&str, u32); 3] = [("2026-07-05", 1), ("2026-07-06", 2), ("2026-07-07", 7)];
